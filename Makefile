@@ -1,0 +1,34 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+# Both create .venv when it is missing and install stallfree into it.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.stallfree-installed
+DEMO   := data/demo
+# torch==2.13.0 is installed first only when no torch is present: a bare `torch` requirement
+# would otherwise pull a multi-GB CUDA build; inside the NVIDIA container its own torch is kept.
+TORCH_PIN ?= torch==2.13.0
+EXTRAS ?= test,plot,dali
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(DEMO)/.complete: | $(STAMP)
+	$(VENV)/bin/stallfree data demo $(DEMO)
+
+demo: $(STAMP) $(DEMO)/.complete
+	$(VENV)/bin/stallfree demo pipelines/demo.toml --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(DEMO) runs

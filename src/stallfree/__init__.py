@@ -1,0 +1,3 @@
+"""stallfree: train PyTorch image classifiers without data stalls."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,129 @@
+"""Command line: parses arguments and dispatches; the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from stallfree.data.listing import DatasetError
+from stallfree.data.loader import BACKENDS, BackendError
+from stallfree.models import ModelError
+from stallfree.recipe import Recipe, RecipeError, apply_overrides, load_recipe
+
+USER_ERRORS = (RecipeError, DatasetError, BackendError, ModelError, FileNotFoundError)
+
+
+def _train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a recipe")
+    p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/demo.toml")
+    p.add_argument("--loader", help=f"loader backend: {' | '.join(BACKENDS)} | module:function")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    p.add_argument("--epochs", type=int, help="number of epochs")
+    p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any recipe key, e.g. --set train.batch_size=128 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _data_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="dataset tools")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    demo = data_sub.add_parser("demo", help="write the procedurally drawn demo ImageFolder")
+    demo.add_argument("out", help="output folder, e.g. data/demo")
+    demo.add_argument("--train-per-class", type=int, default=200)
+    demo.add_argument("--val-per-class", type=int, default=50)
+    demo.add_argument("--seed", type=int, default=0)
+
+
+def _compare_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="print the summaries of several runs side by side")
+    p.add_argument("runs", nargs="+", help="run directories holding summary.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `stallfree` argument parser."""
+    parser = argparse.ArgumentParser(prog="stallfree", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    _data_parser(sub)
+    _compare_parser(sub)
+    return parser
+
+
+def resolve_recipe(args: argparse.Namespace) -> Recipe:
+    """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides."""
+    recipe = load_recipe(args.recipe)
+    overrides = list(args.overrides)
+    if args.loader:
+        overrides.insert(0, f"loader.backend={args.loader}")
+    if args.device:
+        overrides.insert(0, f"train.device={args.device}")
+    if args.epochs is not None:
+        overrides.insert(0, f"train.epochs={args.epochs}")
+    return apply_overrides(recipe, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from stallfree.train.run import train  # torch-heavy imports only when training
+
+    recipe = resolve_recipe(args)
+    out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train(recipe, out, progress=not args.no_progress)
+    print(f"{out}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()
+                                 if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from stallfree.data.demo import write_demo
+
+    out = write_demo(args.out, train_per_class=args.train_per_class,
+                     val_per_class=args.val_per_class, seed=args.seed)
+    print(f"wrote demo data to {out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    rows = []
+    for run in args.runs:
+        path = Path(run) / "summary.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found; is {run} a finished run directory?")
+        rows.append((run, json.loads(path.read_text())))
+    header = f"{'run':<28} {'loader':<10} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} {'wall s':>8}"
+    print(header)
+    print("-" * len(header))
+    for run, s in rows:
+        print(f"{Path(run).name:<28} {s.get('backend', '?'):<10} {_fmt(s.get('images_per_s')):>8} "
+              f"{_pct(s.get('data_wait_frac')):>10} {_fmt(s.get('val_top1')):>10} {_fmt(s.get('wall_s')):>8}")
+    return 0
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if value < 10 else f"{value:.1f}"
+    return "-" if value is None else str(value)
+
+
+def _pct(value: object) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, float) else "-"
+
+
+COMMANDS = {"train": cmd_train, "data": cmd_data, "compare": cmd_compare}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `stallfree` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except USER_ERRORS as exc:
+        print(f"stallfree: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The augmentation spec, implemented with PIL for the torch backend.
+
+Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, (normalise on device).
+Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
+Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
+the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches.
+
+EXIF orientation is applied (DALI's decoders do the same by default), so a photo taken in
+portrait is trained in portrait by both backends.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from stallfree.recipe import AugmentConfig
+
+_ORIENTATION_TAG = 0x0112
+_EXIF_FORMATS = ("JPEG", "TIFF", "PNG", "WEBP", "MPO")
+
+
+def open_rgb(path: str) -> Image.Image:
+    """Open an image as 3-channel RGB whatever its mode (L, CMYK, P, RGBA) or file name."""
+    img, orientation = _open(path)
+    return _to_rgb(img, orientation)
+
+
+def _open(path: str) -> tuple[Image.Image, int]:
+    """Lazily open (header only) and read the EXIF orientation."""
+    img = Image.open(path)
+    orientation = img.getexif().get(_ORIENTATION_TAG, 1) if img.format in _EXIF_FORMATS else 1
+    return img, orientation
+
+
+def _to_rgb(img: Image.Image, orientation: int) -> Image.Image:
+    if orientation != 1:
+        img = ImageOps.exif_transpose(img)
+    if img.mode != "RGB":
+        if img.mode == "P" and "transparency" in img.info:
+            img = img.convert("RGBA")  # palette transparency is only honoured via RGBA
+        img = img.convert("RGB")
+    return img
+
+
+def random_resized_crop_box(width: int, height: int, scale: list[float], ratio: list[float],
+                            rng: random.Random) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params: (left, top, crop_w, crop_h)."""
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        crop_w = int(round(math.sqrt(target_area * aspect)))
+        crop_h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            return rng.randint(0, width - crop_w), rng.randint(0, height - crop_h), crop_w, crop_h
+    # Fallback: the whole image, clamped to the ratio range, centered.
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        crop_w, crop_h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        crop_w, crop_h = int(round(height * ratio[1])), height
+    else:
+        crop_w, crop_h = width, height
+    return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
+
+
+def train_transform(path: str, aug: AugmentConfig, seed: int) -> np.ndarray:
+    """Decode, random-resized-crop, flip: uint8 HWC array of image_size x image_size."""
+    rng = random.Random(seed)
+    size = aug.image_size
+    img, orientation = _open(path)
+    full_w, full_h = (img.height, img.width) if orientation in (5, 6, 7, 8) else img.size
+    left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
+    flip = rng.random() < aug.hflip
+    if orientation == 1 and img.format == "JPEG":
+        # DCT-scaled decode (1/2, 1/4, 1/8) to the smallest size whose crop still covers `size`
+        # pixels on both axes: pixels that the resize would throw away are never decoded.
+        img.draft(None, (math.ceil(full_w * size / crop_w), math.ceil(full_h * size / crop_h)))
+    img = _to_rgb(img, orientation)
+    sx, sy = img.width / full_w, img.height / full_h
+    box = (left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy)
+    img = img.resize((size, size), Image.BILINEAR, box=box)
+    if flip:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(img)
+
+
+def val_transform(path: str, aug: AugmentConfig, seed: int = 0) -> np.ndarray:
+    """Decode, resize the shorter side to resize_size, center crop: uint8 HWC array."""
+    img = open_rgb(path)
+    img = img.resize(resized_shape(img.width, img.height, aug.resize_size), Image.BILINEAR)
+    size = aug.image_size
+    left = int(round((img.width - size) / 2.0))
+    top = int(round((img.height - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+def resized_shape(width: int, height: int, short: int) -> tuple[int, int]:
+    """(w, h) with the shorter side equal to `short`, as torchvision's Resize(int) computes it."""
+    if width <= height:
+        return short, int(short * height / width)
+    return int(short * width / height), short

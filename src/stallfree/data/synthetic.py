@@ -1,0 +1,52 @@
+"""The `synthetic` backend: one random batch made once on the device, the zero-cost upper bound."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.sharding import EpochCursor, num_batches
+
+
+class SyntheticLoader(Loader):
+    """Yields the same device-resident batch; `len` matches the real backends for the same data."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        n = len(spec.listing) if spec.listing is not None else spec.synthetic_samples
+        self.length = num_batches(n // spec.dist.world_size, spec.batch_size, drop_last=spec.train)
+        generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank)
+        size = spec.augment.image_size
+        images = torch.randn((spec.batch_size, 3, size, size), generator=generator)
+        labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator)
+        memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
+        self.batch = Batch(
+            images.to(spec.device, dtype=spec.dtype, memory_format=memory_format),
+            labels.to(spec.device),
+        )
+        self.cursor = EpochCursor()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Batch]:
+        for _ in range(self.cursor.position, self.length):
+            self.cursor.position += 1
+            yield self.batch
+        self.cursor.position = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.cursor.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.cursor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor.load_state_dict(state)
+
+
+def build(spec: LoaderSpec) -> Loader:
+    """Registry entry point for `--loader synthetic`."""
+    return SyntheticLoader(spec)

@@ -1,0 +1,223 @@
+"""The step loop: autocast, backward (no_sync), unscale, clip, step, schedule.
+
+Host syncs: none per micro-step. One per optimizer step (the finite check: GradScaler's own
+step does the same for fp16), and one per log interval to read the device-side loss sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from stallfree.data.loader import Batch, DistInfo, Loader
+from stallfree.metrics import Sink, StepTimer
+from stallfree.train.distributed import all_reduce_sum
+from stallfree.train.precision import PrecisionPolicy
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+
+
+class MicroBatchOOMError(RuntimeError):
+    """The device ran out of memory on one micro-batch."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    precision: str = "fp32"
+    accum_steps: int = 1
+    max_grad_norm: float = 0.0  # 0: measure the norm, do not clip
+    log_every: int = 20  # optimizer steps
+    max_nonfinite_steps: int = 10
+    label_smoothing: float = 0.0
+    progress: bool = True
+
+
+@dataclass(slots=True)
+class _Window:
+    """Running device-side sums between two log records."""
+
+    loss_sum: torch.Tensor
+    grad_norm_sum: torch.Tensor
+    samples: int = 0
+    steps: int = 0
+
+
+class Trainer:
+    """Trains `model` on any `Loader`; never branches on the backend."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
+                 config: TrainerConfig, device: torch.device, sinks: list[Sink] | None = None,
+                 dist: DistInfo = DistInfo(),
+                 on_step: Callable[[Trainer], None] | None = None) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist
+        self.on_step = on_step
+        self.policy = PrecisionPolicy(config.precision, device.type)
+        self.scaler = self.policy.grad_scaler()
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+        self.epoch = 0
+        self.optimizer_steps = 0  # steps that happened; the schedule's clock
+        self.skipped_steps = 0
+        self._nonfinite_in_row = 0
+        self._window = self._new_window()
+        self.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
+
+    # ---- the step ---------------------------------------------------------------------------
+    def _micro_step(self, batch: Batch, window_len: int, boundary: bool) -> None:
+        """Forward and backward one micro-batch; gradients sync only on the window's last one."""
+        sync = contextlib.nullcontext() if boundary or not hasattr(self.model, "no_sync") \
+            else self.model.no_sync()  # DDP: skip the all-reduce on non-boundary micro-steps
+        try:
+            with sync:
+                with self.policy.autocast():
+                    logits = self.model(batch.images)
+                # Loss in fp32: softmax over low-precision logits loses accuracy.
+                loss = self.loss_fn(logits.float(), batch.labels)
+                # Divide by the window's true length so the summed gradient is the window mean,
+                # also for the short last window of an epoch.
+                self.scaler.scale(loss / window_len).backward()
+        except torch.OutOfMemoryError as exc:
+            raise MicroBatchOOMError(
+                f"out of memory on a micro-batch of {batch.images.shape[0]} images "
+                f"(train.batch_size). Lower train.batch_size and raise train.accum_steps "
+                f"(now {self.config.accum_steps}) to keep the same global batch."
+            ) from exc
+        self._window.loss_sum += loss.detach() * batch.labels.numel()
+        self._window.samples += batch.labels.numel()
+
+    def _optimizer_step(self) -> None:
+        """Unscale, clip, step (unless non-finite), zero, then advance the schedule if stepped."""
+        self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if self.policy.needs_scaler:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skips internally on inf/NaN gradients
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale_before  # a skip lowers the scale
+        else:
+            stepped = bool(torch.isfinite(grad_norm))  # the one host sync per optimizer step
+            if stepped:
+                self.optimizer.step()
+            self._count_nonfinite(stepped)
+        self.optimizer.zero_grad(set_to_none=True)
+        if stepped:
+            self.optimizer_steps += 1
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self._window.grad_norm_sum += grad_norm.detach().float()
+            self._window.steps += 1
+        else:
+            self.skipped_steps += 1
+
+    def _count_nonfinite(self, finite: bool) -> None:
+        self._nonfinite_in_row = 0 if finite else self._nonfinite_in_row + 1
+        if self._nonfinite_in_row >= self.config.max_nonfinite_steps:
+            raise NonFiniteLossError(
+                f"{self._nonfinite_in_row} optimizer steps in a row had a non-finite loss or "
+                f"gradient (at step {self.optimizer_steps}, epoch {self.epoch}). Lower optim.lr, "
+                "set train.max_grad_norm, or check the data for corrupt inputs."
+            )
+
+    # ---- epochs -----------------------------------------------------------------------------
+    def train_epoch(self, loader: Loader, epoch: int) -> None:
+        """One pass over this rank's remaining batches of `epoch`."""
+        self.epoch = epoch
+        self.model.train()
+        n, accum = len(loader), self.config.accum_steps
+        start = int(loader.state_dict().get("position", 0))
+        timer = StepTimer()
+        bar = tqdm(total=n, initial=start, desc=f"epoch {epoch}", unit="batch", leave=False,
+                   disable=not self.config.progress or self.dist.rank != 0, dynamic_ncols=True)
+        for i, batch in enumerate(timer.iterate(loader), start=start):
+            window_start = i - i % accum
+            window_len = min(accum, n - window_start)
+            boundary = i == window_start + window_len - 1
+            self._micro_step(batch, window_len, boundary)
+            bar.update(1)
+            if not boundary:
+                continue
+            self._optimizer_step()
+            if self.optimizer_steps % self.config.log_every == 0 or i == n - 1:
+                self._log(timer, bar)
+            if self.on_step is not None:
+                self.on_step(self)
+        bar.close()
+
+    def _log(self, timer: StepTimer, bar: tqdm) -> None:
+        w = self._window
+        if w.samples == 0:
+            return
+        wall, wait = timer.lap()
+        # Reading the loss is this interval's host sync.
+        loss = (w.loss_sum / w.samples).item()
+        grad_norm = (w.grad_norm_sum / max(1, w.steps)).item()
+        images = w.samples * self.dist.world_size
+        self.totals["images"] += images
+        self.totals["wall_s"] += wall
+        self.totals["wait_s"] += wait
+        record = {
+            "step": self.optimizer_steps, "epoch": self.epoch, "loss": loss,
+            "lr": self.optimizer.param_groups[0]["lr"], "images_per_s": images / max(wall, 1e-9),
+            "data_wait_frac": wait / max(wall, 1e-9), "grad_norm": grad_norm,
+            "skipped_steps": self.skipped_steps,
+        }
+        self._emit(record)
+        bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{record['images_per_s']:.0f}",
+                        wait=f"{100 * record['data_wait_frac']:.0f}%")
+        self._window = self._new_window()
+
+    @torch.no_grad()
+    def evaluate(self, loader: Loader) -> dict[str, float]:
+        """Top-1 and top-5 accuracy over this loader, summed across ranks."""
+        self.model.eval()
+        counts = torch.zeros(3, device=self.device)  # top1, top5, samples
+        for batch in loader:
+            with self.policy.autocast():
+                logits = self.model(batch.images)
+            k = min(5, logits.shape[1])
+            top = logits.float().topk(k, dim=1).indices
+            hits = top.eq(batch.labels[:, None])
+            counts[0] += hits[:, 0].sum()
+            counts[1] += hits.any(dim=1).sum()
+            counts[2] += batch.labels.numel()
+        top1, top5, total = all_reduce_sum(counts).tolist()
+        return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1)}
+
+    def fit(self, train_loader: Loader, val_loader: Loader | None, *, epochs: int,
+            start_epoch: int = 0) -> dict[str, Any]:
+        """Train `epochs` epochs (from `start_epoch`), validating after each; return the summary."""
+        val: dict[str, float] = {}
+        for epoch in range(start_epoch, epochs):
+            train_loader.set_epoch(epoch)
+            self.train_epoch(train_loader, epoch)
+            if val_loader is not None:
+                val = self.evaluate(val_loader)
+                self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
+                if self.dist.rank == 0 and self.config.progress:
+                    tqdm.write(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
+                               f"top-5 {val['val_top5']:.4f}")
+        t = self.totals
+        return {
+            "images_per_s": t["images"] / t["wall_s"] if t["wall_s"] else float("nan"),
+            "data_wait_frac": t["wait_s"] / t["wall_s"] if t["wall_s"] else float("nan"),
+            "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps, **val,
+        }
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.dist.rank == 0:
+            for sink in self.sinks:
+                sink.write(record)
+
+    def _new_window(self) -> _Window:
+        zero = torch.zeros((), device=self.device)
+        return _Window(loss_sum=zero, grad_norm_sum=zero.clone())

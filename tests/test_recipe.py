@@ -1,0 +1,87 @@
+"""Recipe loading, overrides and validation fail early with errors that name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stallfree.recipe import (Recipe, RecipeError, apply_overrides, dump_toml, load_recipe,
+                              recipe_from_dict, validate)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_demo_recipe_loads() -> None:
+    recipe = load_recipe(REPO / "pipelines" / "demo.toml")
+    assert recipe.model.name == "small_cnn"
+    assert recipe.augment.image_size == 64
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"train": {"epoch": 3}}, "unknown key 'train.epoch'"),
+    ({"trainer": {}}, "unknown table [trainer]"),
+    ({"train": {"epochs": "3"}}, "train.epochs: expected int"),
+    ({"train": {"channels_last": 1}}, "expected bool"),
+    ({"augment": {"scale": 0.5}}, "augment.scale: expected a list"),
+])
+def test_bad_keys_and_types_are_named(raw: dict, needle: str) -> None:
+    with pytest.raises(RecipeError, match=None) as info:
+        recipe_from_dict(raw, source="x.toml")
+    assert needle in str(info.value) and "x.toml" in str(info.value)
+
+
+def test_int_is_accepted_for_float() -> None:
+    assert recipe_from_dict({"optim": {"lr": 1}}).optim.lr == 1.0
+
+
+def test_overrides_are_type_checked() -> None:
+    recipe = apply_overrides(Recipe(), ["train.epochs=7", "augment.scale=[0.2, 1]",
+                                        "train.precision=fp32", "train.channels_last=true"])
+    assert recipe.train.epochs == 7 and recipe.augment.scale == [0.2, 1.0]
+    assert recipe.train.precision == "fp32" and recipe.train.channels_last is True
+    with pytest.raises(RecipeError, match="train.batch_size: expected int"):
+        apply_overrides(Recipe(), ["train.batch_size=big"])
+    with pytest.raises(RecipeError, match="expected section.key=value"):
+        apply_overrides(Recipe(), ["epochs=3"])
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.precision=fp8", "train.precision"),
+    ("optim.name=lamb", "optim.name"),
+    ("augment.resize_size=100", "resize_size"),
+    ("augment.scale=[1.0, 0.5]", "augment.scale"),
+    ("train.accum_steps=0", "train.accum_steps"),
+])
+def test_bad_values_fail_validation(tmp_path: Path, override: str, needle: str) -> None:
+    recipe = apply_overrides(Recipe(), [override])
+    with pytest.raises(RecipeError, match=needle.replace(".", r"\.")):
+        validate(recipe, needs_data=False)
+
+
+def test_missing_and_empty_data_roots(tmp_path: Path) -> None:
+    recipe = Recipe()
+    with pytest.raises(RecipeError, match="data.root is empty"):
+        validate(recipe)
+    recipe.data.root = str(tmp_path / "nope")
+    with pytest.raises(RecipeError, match="does not exist"):
+        validate(recipe)
+    recipe.data.root = str(tmp_path)
+    with pytest.raises(RecipeError, match="no train/ folder"):
+        validate(recipe)
+
+
+def test_missing_recipe_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nepochs=1")
+    with pytest.raises(RecipeError, match="not valid TOML"):
+        load_recipe(bad)
+
+
+def test_dump_round_trips(tmp_path: Path) -> None:
+    recipe = apply_overrides(Recipe(), ["train.epochs=5", 'data.root="a \\"b\\""'])
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(recipe))
+    assert load_recipe(path) == recipe

@@ -1,0 +1,161 @@
+"""Trainer equivalences: accumulation vs big batch, the partial window, the LR clock, precision."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import TensorLoader
+from stallfree.train.schedule import warmup_cosine
+from stallfree.train.trainer import MicroBatchOOMError, NonFiniteLossError, Trainer, TrainerConfig
+
+CPU = torch.device("cpu")
+
+
+def _mlp(seed: int = 0) -> nn.Module:
+    """BatchNorm-free, so a micro-batch and the big batch see the same function."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+
+def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+
+def _train(model: nn.Module, loader: TensorLoader, accum: int, precision: str = "fp32",
+           lr: float = 0.1, **config: object) -> Trainer:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    trainer = Trainer(model, optimizer, config=TrainerConfig(
+        precision=precision, accum_steps=accum, progress=False, log_every=1, **config), device=CPU)
+    trainer.train_epoch(loader, 0)
+    return trainer
+
+
+def _max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_accumulation_matches_the_big_batch() -> None:
+    images, labels = _data(32)
+    micro, big = _mlp(), _mlp()
+    t_micro = _train(micro, TensorLoader(images, labels, 8), accum=4)
+    t_big = _train(big, TensorLoader(images, labels, 32), accum=1)
+    assert t_micro.optimizer_steps == t_big.optimizer_steps == 1
+    assert _max_diff(micro, _mlp()) > 1e-3  # the step did move the weights
+    assert _max_diff(micro, big) < 1e-6
+
+
+def test_partial_last_window_is_stepped_with_its_true_count() -> None:
+    # 5 micro-batches, accum 4: windows of 4 and 1. Equal to big batches of 32 then 8.
+    images, labels = _data(40)
+    micro, big = _mlp(), _mlp()
+    t_micro = _train(micro, TensorLoader(images, labels, 8), accum=4)
+    t_big = _train(big, TensorLoader(images, labels, 32), accum=1)  # batches of 32 and 8
+    assert t_micro.optimizer_steps == t_big.optimizer_steps == 2
+    assert _max_diff(micro, big) < 1e-6
+
+
+class _PoisonFirst(nn.Module):
+    """Produces infinite logits on its first `bad` calls, to force non-finite gradients."""
+
+    def __init__(self, inner: nn.Module, bad: int) -> None:
+        super().__init__()
+        self.inner, self.bad, self.calls = inner, bad, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = self.inner(x)
+        return out * float("inf") if self.calls <= self.bad else out
+
+
+def test_scheduler_counts_only_real_steps_under_fp16_overflow() -> None:
+    images, labels = _data(48)
+    model = _PoisonFirst(_mlp(), bad=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = warmup_cosine(optimizer, total_steps=10, warmup_steps=4)
+    trainer = Trainer(model, optimizer, scheduler, device=CPU, config=TrainerConfig(
+        precision="fp16", accum_steps=2, progress=False, log_every=1))
+    assert trainer.scaler.is_enabled()
+    trainer.train_epoch(TensorLoader(images, labels, 8), 0)  # 6 micro-batches = 3 windows
+    # Window 1 held both poisoned micro-batches: the scaler skipped it, the schedule did not move.
+    assert trainer.skipped_steps == 1 and trainer.optimizer_steps == 2
+    assert scheduler.last_epoch == 2
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(3 / 4)  # warmup factor at step 2
+
+
+def test_nonfinite_steps_are_skipped_then_abort() -> None:
+    images, labels = _data(64)
+    model = _PoisonFirst(_mlp(), bad=2)
+    before = copy.deepcopy(model)
+    trainer = _train(model, TensorLoader(images, labels, 8), accum=1, lr=0.0,
+                     max_nonfinite_steps=3)
+    assert trainer.skipped_steps == 2 and trainer.optimizer_steps == 6
+    assert _max_diff(model, before) == 0.0  # lr 0: and the skipped steps wrote no NaNs
+    with pytest.raises(NonFiniteLossError, match="3 optimizer steps in a row"):
+        _train(_PoisonFirst(_mlp(), bad=100), TensorLoader(images, labels, 8), accum=1,
+               max_nonfinite_steps=3)
+
+
+def test_bf16_autocast_runs_on_cpu() -> None:
+    images, labels = _data(16)
+    model = _mlp()
+    trainer = _train(model, TensorLoader(images, labels, 8), accum=1, precision="bf16")
+    assert trainer.optimizer_steps == 2
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_gradient_clipping_bounds_the_update() -> None:
+    images, labels = _data(8)
+    model = _mlp()
+    before = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    trainer = Trainer(model, optimizer, device=CPU, config=TrainerConfig(
+        max_grad_norm=1e-3, progress=False))
+    trainer.train_epoch(TensorLoader(images, labels * 0 + 1, 8), 0)
+    delta = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), before.parameters())])
+    assert delta.norm().item() == pytest.approx(1e-3, rel=1e-3)
+
+
+class _OOM(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_oom_is_an_error_that_names_the_fix() -> None:
+    images, labels = _data(8)
+    model = _OOM()
+    model.p = nn.Parameter(torch.zeros(1))
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
+                      config=TrainerConfig(accum_steps=2, progress=False))
+    with pytest.raises(MicroBatchOOMError, match="micro-batch of 8 images.*raise train.accum_steps"):
+        trainer.train_epoch(TensorLoader(images, labels, 8), 0)
+
+
+def test_metrics_are_logged_per_interval() -> None:
+    records: list[dict] = []
+
+    class Collect:
+        def write(self, record: dict) -> None:
+            records.append(record)
+
+        def close(self) -> None:
+            pass
+
+    images, labels = _data(48)
+    model = _mlp()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
+                      sinks=[Collect()], config=TrainerConfig(log_every=2, progress=False))
+    summary = trainer.fit(TensorLoader(images, labels, 8), TensorLoader(images, labels, 16), epochs=2)
+    train_records = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train_records] == [2, 4, 6, 8, 10, 12]
+    for r in train_records:
+        assert {"epoch", "loss", "lr", "images_per_s", "data_wait_frac"} <= r.keys()
+        assert 0 <= r["data_wait_frac"] <= 1 and r["images_per_s"] > 0
+    val = [r for r in records if "val_top1" in r]
+    assert len(val) == 2 and 0 <= val[-1]["val_top1"] <= val[-1]["val_top5"] <= 1
+    assert summary["optimizer_steps"] == 12 and "val_top1" in summary
