@@ -25,7 +25,9 @@ $(DEMO)/.complete: | $(STAMP)
 	$(VENV)/bin/stallfree data demo $(DEMO)
 
 demo: $(STAMP) $(DEMO)/.complete
-	$(VENV)/bin/stallfree demo pipelines/demo.toml --out runs/demo
+	$(VENV)/bin/stallfree train pipelines/demo.toml --loader dali --out runs/demo-dali
+	$(VENV)/bin/stallfree train pipelines/demo.toml --loader torch --out runs/demo-torch
+	$(VENV)/bin/stallfree compare runs/demo-dali runs/demo-torch
 
 test: $(STAMP)
 	$(PY) -m pytest -q

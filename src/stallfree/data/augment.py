@@ -3,7 +3,9 @@
 Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, (normalise on device).
 Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
 Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
-the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches.
+the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val path's sub-pixel
+conventions (long side rounded, crop offset rounded half up) follow DALI's, so that the two
+backends agree to a fraction of a grey level rather than differ by a one-pixel shift.
 
 EXIF orientation is applied (DALI's decoders do the same by default), so a photo taken in
 portrait is trained in portrait by both backends.
@@ -95,13 +97,15 @@ def val_transform(path: str, aug: AugmentConfig, seed: int = 0) -> np.ndarray:
     img = open_rgb(path)
     img = img.resize(resized_shape(img.width, img.height, aug.resize_size), Image.BILINEAR)
     size = aug.image_size
-    left = int(round((img.width - size) / 2.0))
-    top = int(round((img.height - size) / 2.0))
+    # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).
+    left = math.floor((img.width - size) / 2 + 0.5)
+    top = math.floor((img.height - size) / 2 + 0.5)
     return np.asarray(img.crop((left, top, left + size, top + size)))
 
 
 def resized_shape(width: int, height: int, short: int) -> tuple[int, int]:
-    """(w, h) with the shorter side equal to `short`, as torchvision's Resize(int) computes it."""
+    """(w, h) with the shorter side equal to `short`; the longer side rounded, as DALI's
+    `resize_shorter` does (torchvision truncates: at most 1 px narrower)."""
     if width <= height:
-        return short, int(short * height / width)
-    return int(short * width / height), short
+        return short, round(short * height / width)
+    return round(short * width / height), short
