@@ -13,7 +13,16 @@ from stallfree.data.loader import BACKENDS, BackendError
 from stallfree.models import ModelError
 from stallfree.recipe import Recipe, RecipeError, apply_overrides, load_recipe
 
-USER_ERRORS = (RecipeError, DatasetError, BackendError, ModelError, FileNotFoundError)
+USER_ERRORS: tuple[type[Exception], ...] = (RecipeError, DatasetError, BackendError, ModelError,
+                                            FileNotFoundError)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    # Checkpoint errors live with torch-heavy modules; import them only when a command ran.
+    from stallfree.train.checkpoint import CheckpointError
+    from stallfree.train.resume import ResumeError
+
+    return (*USER_ERRORS, CheckpointError, ResumeError)
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +34,11 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any recipe key, e.g. --set train.batch_size=128 (repeatable)")
+    p.add_argument("--resume", metavar="auto|PATH",
+                   help="continue from a checkpoint: 'auto' takes the newest one in OUT/checkpoints "
+                        "that loads (or starts fresh if there is none)")
+    p.add_argument("--force", action="store_true",
+                   help="resume even if global batch, world size, backend or data root changed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -67,11 +81,21 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from stallfree.train.resume import PREEMPTED_EXIT_CODE
     from stallfree.train.run import train  # torch-heavy imports only when training
+    from stallfree.train.trainer import PreemptedError
 
     recipe = resolve_recipe(args)
+    if args.resume and not args.out:
+        raise RecipeError("--resume needs --out: the run directory whose checkpoints/ to resume")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = train(recipe, out, progress=not args.no_progress)
+    try:
+        summary = train(recipe, out, progress=not args.no_progress, resume=args.resume,
+                        force=args.force)
+    except PreemptedError as exc:
+        print(f"stallfree: {exc}; checkpoint saved in {out}/checkpoints. Resume with --resume auto "
+              f"(exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     print(f"{out}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()
                                  if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")))
     return 0
@@ -120,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except USER_ERRORS as exc:
+    except _user_errors() as exc:
         print(f"stallfree: error: {exc}", file=sys.stderr)
         return 2
 

@@ -66,6 +66,8 @@ class TrainConfig:
     channels_last: bool = False
     max_nonfinite_steps: int = 10
     device: str = "auto"  # auto | cpu | cuda
+    ckpt_every_steps: int = 0  # 0: checkpoint at epoch ends only
+    keep_checkpoints: int = 3
 
 
 @dataclass(kw_only=True, slots=True)
@@ -207,6 +209,9 @@ def validate(recipe: Recipe, *, needs_data: bool = True) -> None:
     for section, key in positive:
         if getattr(getattr(recipe, section), key) < 1:
             raise RecipeError(f"{section}.{key} must be >= 1")
+    if recipe.train.keep_checkpoints < 2 or recipe.train.ckpt_every_steps < 0:
+        raise RecipeError("train.keep_checkpoints must be >= 2 (a crash mid-save must leave one "
+                          "good checkpoint) and train.ckpt_every_steps >= 0")
     aug = recipe.augment
     for key in ("scale", "ratio"):
         lo_hi = getattr(aug, key)

@@ -55,6 +55,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def gather_objects(local: object, world_size: int) -> list[object]:
+    """Every rank's `local`, in rank order (a one-element list in a single process)."""
+    if world_size <= 1:
+        return [local]
+    gathered: list[object] = [None] * world_size
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
 def cleanup() -> None:
     """Leave the process group, if joined."""
     if dist.is_available() and dist.is_initialized():

@@ -29,6 +29,10 @@ class MicroBatchOOMError(RuntimeError):
     """The device ran out of memory on one micro-batch."""
 
 
+class PreemptedError(Exception):
+    """A stop was requested (SIGTERM/SIGUSR1); raised right after an optimizer step."""
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainerConfig:
     precision: str = "fp32"
@@ -56,11 +60,13 @@ class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
                  config: TrainerConfig, device: torch.device, sinks: list[Sink] | None = None,
-                 dist: DistInfo = DistInfo(),
-                 on_step: Callable[[Trainer], None] | None = None) -> None:
+                 dist: DistInfo = DistInfo()) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist
-        self.on_step = on_step
+        # Hooks for the run: periodic checkpoints, epoch-end checkpoints, preemption.
+        self.on_step: Callable[[Trainer, Loader], None] | None = None
+        self.on_epoch_end: Callable[[Trainer, int], None] | None = None
+        self.stop_requested: Callable[[], bool] = lambda: False
         self.policy = PrecisionPolicy(config.precision, device.type)
         self.scaler = self.policy.grad_scaler()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
@@ -150,8 +156,19 @@ class Trainer:
             if self.optimizer_steps % self.config.log_every == 0 or i == n - 1:
                 self._log(timer, bar)
             if self.on_step is not None:
-                self.on_step(self)
+                self.on_step(self, loader)
+            if self._stop_agreed():
+                bar.close()
+                raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
         bar.close()
+
+    def _stop_agreed(self) -> bool:
+        """True when any rank was asked to stop; every rank gets the same answer, so all stop
+        after the same optimizer step and none waits forever in a collective."""
+        flag = self.stop_requested()
+        if self.dist.world_size <= 1:
+            return flag
+        return bool(all_reduce_sum(torch.tensor([float(flag)], device=self.device)).item() > 0)
 
     def _log(self, timer: StepTimer, bar: tqdm) -> None:
         w = self._window
@@ -206,12 +223,37 @@ class Trainer:
                 if self.dist.rank == 0 and self.config.progress:
                     tqdm.write(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
                                f"top-5 {val['val_top5']:.4f}")
+            if self.on_epoch_end is not None:
+                self.on_epoch_end(self, epoch)
         t = self.totals
         return {
             "images_per_s": t["images"] / t["wall_s"] if t["wall_s"] else float("nan"),
             "data_wait_frac": t["wait_s"] / t["wall_s"] if t["wall_s"] else float("nan"),
             "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps, **val,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scaler, schedule and counters (the unwrapped model's weights)."""
+        model = getattr(self.model, "module", self.model)  # DDP keeps the real model in .module
+        return {
+            "model": model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
+            "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
+                         "nonfinite_in_row": self._nonfinite_in_row, "epoch": self.epoch},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved."""
+        getattr(self.model, "module", self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state["scheduler"]:
+            self.scheduler.load_state_dict(state["scheduler"])
+        counters = state["counters"]
+        self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
+        self._nonfinite_in_row, self.epoch = counters["nonfinite_in_row"], counters["epoch"]
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:

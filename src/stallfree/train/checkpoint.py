@@ -1,0 +1,131 @@
+"""Atomic, keep-last-N checkpoints that load without unpickling arbitrary objects."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or used; the message names the file."""
+
+
+class Checkpointer:
+    """Writes `ckpt-<step>.pt` files into one directory; rank 0 writes, every rank reads."""
+
+    def __init__(self, directory: str | Path, *, keep: int = 3, rank: int = 0) -> None:
+        if keep < 2:
+            raise ValueError("keep must be >= 2 so that a crash mid-save leaves one good checkpoint")
+        self.directory, self.keep, self.rank = Path(directory), keep, rank
+        self.last_save_s = 0.0
+
+    def save(self, state: dict[str, Any], step: int) -> Path | None:
+        """Write atomically (temp file, fsync, rename, fsync dir), update `latest`, prune old ones."""
+        if self.rank != 0:
+            return None
+        started = time.perf_counter()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"ckpt-{step:09d}.pt"
+        tmp = self.directory / f".{path.name}.tmp"
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+        _write_atomic(self.directory / LATEST, path.name + "\n")
+        _fsync_dir(self.directory)
+        self._prune()
+        self.last_save_s = time.perf_counter() - started
+        return path
+
+    def paths(self) -> list[Path]:
+        """Complete checkpoints, newest first (temp files are never listed)."""
+        found = [p for p in self.directory.glob("ckpt-*.pt") if _NAME.match(p.name)]
+        return sorted(found, key=lambda p: p.name, reverse=True)
+
+    def _prune(self) -> None:
+        for old in self.paths()[self.keep:]:
+            old.unlink(missing_ok=True)
+
+    def load_latest(self) -> tuple[dict[str, Any], Path] | None:
+        """The newest checkpoint that loads; broken ones are reported by name and skipped."""
+        for path in self.paths():
+            try:
+                return load_checkpoint(path), path
+            except CheckpointError as exc:
+                warnings.warn(f"{exc}; trying the next older checkpoint", stacklevel=2)
+        return None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """`torch.load(weights_only=True)`: tensors, containers and primitives only, never code."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} holds objects outside the weights-only allow-list "
+            f"(tensors, dicts, lists, numbers, strings); refusing to unpickle it: {exc}"
+        ) from exc
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy, torch and CUDA generator states as plain tensors and numbers."""
+    version, mt, gauss = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(mt), "gauss": gauss},
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

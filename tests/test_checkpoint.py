@@ -1,0 +1,150 @@
+"""Checkpoints: atomic saves, fallback, pruning, safe loading, exact resume, preemption."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import small_recipe
+from stallfree.recipe import dump_toml
+from stallfree.train.checkpoint import CheckpointError, Checkpointer, load_checkpoint
+from stallfree.train.resume import PREEMPTED_EXIT_CODE, ResumeError
+from stallfree.train.run import train
+
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
+
+
+def _state(value: float) -> dict:
+    return {"model": {"w": torch.full((4,), value)}, "epoch": 0}
+
+
+def test_keep_last_n_deletes_only_old_checkpoints(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    ckpt = Checkpointer(tmp_path, keep=3)
+    for step in range(1, 6):
+        ckpt.save(_state(step), step)
+    assert [p.name for p in ckpt.paths()] == [f"ckpt-{s:09d}.pt" for s in (5, 4, 3)]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-000000005.pt"
+
+
+def test_corrupt_newest_falls_back_to_the_previous(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(_state(1.0), 1)
+    newest = ckpt.save(_state(2.0), 2)
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated, as by a full disk
+    with pytest.warns(UserWarning, match="ckpt-000000002.pt is truncated or corrupt"):
+        state, path = ckpt.load_latest()
+    assert path.name == "ckpt-000000001.pt" and float(state["model"]["w"][0]) == 1.0
+
+
+def test_crash_between_write_and_rename_keeps_the_old_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(_state(1.0), 1)
+
+    def crash(*args: object) -> None:
+        raise OSError("killed between write and rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="killed"):
+        ckpt.save(_state(2.0), 2)
+    monkeypatch.undo()
+    state, path = ckpt.load_latest()
+    assert path.name == "ckpt-000000001.pt" and float(state["model"]["w"][0]) == 1.0
+    assert [p.name for p in ckpt.paths()] == ["ckpt-000000001.pt"]
+
+
+class Payload:
+    """Stands for any object whose unpickling could run code."""
+
+    def __reduce__(self) -> tuple:
+        return (print, ("this ran during unpickling",))
+
+
+def test_pickled_objects_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt-000000001.pt"
+    torch.save({"model": {}, "extra": Payload()}, path)
+    with pytest.raises(CheckpointError, match="allow-list"):
+        load_checkpoint(path)
+
+
+def _resume_recipe(root: Path, backend: str):
+    # 60 images / batch 8 = 7 batches; accum 2 -> windows 2,2,2,1 = 4 optimizer steps an epoch.
+    return small_recipe(root, train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1,
+                                     "keep_checkpoints": 20, "log_every": 1},
+                        loader={"backend": backend}, optim={"name": "sgd", "lr": 0.05})
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_mid_epoch_is_bitwise_equal(image_root: Path, tmp_path: Path, backend: str) -> None:
+    recipe = _resume_recipe(image_root, backend)
+    full = tmp_path / "full"
+    assert train(recipe, full, progress=False)["optimizer_steps"] == 8
+    final = load_checkpoint(full / "checkpoints" / "ckpt-000000008.pt")
+    for k in (2, 5):  # mid-epoch 0 (after 4 of 7 batches) and mid-epoch 1
+        run = tmp_path / f"resumed-{k}"
+        (run / "checkpoints").mkdir(parents=True)
+        shutil.copy(full / "checkpoints" / f"ckpt-{k:09d}.pt", run / "checkpoints")
+        summary = train(recipe, run, progress=False, resume="auto")
+        assert summary["optimizer_steps"] == 8
+        resumed = load_checkpoint(run / "checkpoints" / "ckpt-000000008.pt")
+        for name, tensor in final["model"].items():
+            assert torch.equal(tensor, resumed["model"][name]), (k, name)
+        expected = {s: v for s, v in _losses(full).items() if s > k}
+        assert _losses(run) == expected
+
+
+def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Path) -> None:
+    recipe = _resume_recipe(image_root, "torch")
+    recipe.train.epochs = 1
+    train(recipe, tmp_path, progress=False)
+    recipe.train.batch_size = 4
+    recipe.loader.backend = "synthetic"
+    with pytest.raises(ResumeError, match=r"global batch.*loader.backend.*--force"):
+        train(recipe, tmp_path, progress=False, resume="auto")
+    recipe.train.epochs = 2
+    assert train(recipe, tmp_path, progress=False, resume="auto", force=True)["optimizer_steps"] > 4
+
+
+def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1})
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(dump_toml(recipe))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err
+    assert "--resume auto" in err
+    state, path = Checkpointer(run / "checkpoints").load_latest()
+    steps_done = state["counters"]["optimizer_steps"]
+    assert 0 < steps_done < 8 * 15  # stopped mid-run, not at the end
+    assert state["ranks"][0]["loader"]["position"] > 0 or steps_done % 15 == 0
+    resumed = subprocess.run(cmd + ["--resume", "auto"], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["optimizer_steps"] == 8 * 15
