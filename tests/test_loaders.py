@@ -85,6 +85,19 @@ def test_resume_mid_epoch_yields_the_next_unseen_batch(image_root: Path, backend
         assert torch.equal(got.images, want.images)
 
 
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_reiterating_after_a_break_continues_the_epoch(image_root: Path, backend: str) -> None:
+    recipe = small_recipe(image_root, loader={"backend": backend, "workers": 1})
+    loader = build_loader(recipe, "train", device=CPU)
+    reference = [b.labels for b in loader]
+    head = [b.labels for _, b in zip(range(2), loader)]
+    tail = [b.labels for b in loader]
+    loader.close()
+    assert len(head) + len(tail) == len(reference)
+    for got, want in zip(head + tail, reference):
+        assert torch.equal(got, want)
+
+
 def test_shards_are_disjoint_and_complete() -> None:
     order, _ = epoch_permutation(103, seed=5, epoch=2, shuffle=True)
     parts = [shard(order, r, 4) for r in range(4)]

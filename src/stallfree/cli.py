@@ -39,6 +39,9 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                         "that loads (or starts fresh if there is none)")
     p.add_argument("--force", action="store_true",
                    help="resume even if global batch, world size, backend or data root changed")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="trace N optimizer steps after 5 warm-up steps into OUT/profile/ "
+                        "(Chrome trace.json and top_ops.txt)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -50,6 +53,28 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--train-per-class", type=int, default=200)
     demo.add_argument("--val-per-class", type=int, default=50)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--photo-like", action="store_true",
+                      help="natural-image texture, short side 333-500, ~100 KB JPEGs (for benchmarks)")
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="head-to-head loader and training benchmark")
+    p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
+    p.add_argument("--backends", default="dali,torch,torch-naive,synthetic",
+                   help="comma-separated: dali, torch, torch-naive, synthetic")
+    p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
+    p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
+    p.add_argument("--repeats", type=int, default=3, help="runs per setting; the median is reported")
+    p.add_argument("--warmup", type=int, default=5, help="untimed batches before each run")
+    p.add_argument("--batches", type=int, default=30, help="timed batches (or steps) per run")
+    p.add_argument("--workers", type=_int_list, default=[], help="torch worker sweep, e.g. 1,2,3")
+    p.add_argument("--threads", type=_int_list, default=[], help="dali thread sweep, e.g. 1,2,3")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
 
 def _compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _data_parser(sub)
+    _bench_parser(sub)
     _compare_parser(sub)
     return parser
 
@@ -91,7 +117,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         summary = train(recipe, out, progress=not args.no_progress, resume=args.resume,
-                        force=args.force)
+                        force=args.force, profile_steps=args.profile)
     except PreemptedError as exc:
         print(f"stallfree: {exc}; checkpoint saved in {out}/checkpoints. Resume with --resume auto "
               f"(exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
@@ -105,8 +131,29 @@ def cmd_data(args: argparse.Namespace) -> int:
     from stallfree.data.demo import write_demo
 
     out = write_demo(args.out, train_per_class=args.train_per_class,
-                     val_per_class=args.val_per_class, seed=args.seed)
+                     val_per_class=args.val_per_class, seed=args.seed, photo_like=args.photo_like)
     print(f"wrote demo data to {out}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from stallfree.bench import BenchConfig, run_bench
+    from stallfree.bench_report import write_report
+
+    recipe = load_recipe(args.recipe)
+    apply_overrides(recipe, ([f"train.device={args.device}"] if args.device else []) + args.overrides)
+    config = BenchConfig(backends=[b for b in args.backends.split(",") if b],
+                         modes=[m for m in args.mode.split(",") if m], repeats=args.repeats,
+                         warmup=args.warmup, batches=args.batches, workers=args.workers,
+                         threads=args.threads)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from exc
+    result = run_bench(recipe, config)
+    written = write_report(result, args.out, command="stallfree " + " ".join(sys.argv[1:]))
+    print((Path(args.out) / "bench.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -136,7 +183,7 @@ def _pct(value: object) -> str:
     return f"{100 * value:.1f}%" if isinstance(value, float) else "-"
 
 
-COMMANDS = {"train": cmd_train, "data": cmd_data, "compare": cmd_compare}
+COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

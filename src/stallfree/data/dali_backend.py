@@ -129,6 +129,10 @@ class DaliLoader(Loader):
         if self.cursor.position >= self.length:
             self.cursor.position = 0
             return
+        if self.cursor.position and self._resume_checkpoint is None and self._iterator is not None:
+            # Re-iterated after stopping mid-epoch: continue on the next unseen batch, as the
+            # torch backend does, instead of restarting the epoch under a mid-epoch counter.
+            self._resume_checkpoint = self._iterator.checkpoints()[0]
         self._iterator = self._build()
         try:
             for data in self._iterator:

@@ -85,9 +85,26 @@ def _random_color(rng: np.random.Generator) -> Color:
     return tuple(int(v) for v in rng.integers(0, 256, size=3))  # type: ignore[return-value]
 
 
-def draw_image(class_index: int, rng: np.random.Generator) -> Image.Image:
-    """One sample of class `class_index`: shape over clutter, noise, photo-like size."""
-    short = int(rng.integers(200, 501))
+def pink_noise(height: int, width: int, rng: np.random.Generator, alpha: float = 1.1) -> np.ndarray:
+    """Colour texture with a 1/f^alpha spectrum, the power law of natural images; unit variance."""
+    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
+    freq = np.sqrt(fx**2 + fy**2)
+    freq[0, 0] = 1.0
+    amplitude = freq ** -alpha
+    channels = [np.fft.irfft2(amplitude * np.exp(2j * np.pi * rng.random(amplitude.shape)),
+                              s=(height, width)) for _ in range(3)]
+    # Correlated channels, as in photos, rather than three independent greys.
+    texture = np.stack(channels, axis=-1) @ (np.eye(3) + 0.3 * rng.normal(size=(3, 3)))
+    return (texture - texture.mean()) / texture.std()
+
+
+def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = False) -> Image.Image:
+    """One sample of class `class_index`: shape over clutter, noise, photo-like size.
+
+    `photo_like` adds a natural-image texture (short side 333-500): JPEGs near 100 KB that
+    cost what ImageNet files cost to decode, where flat drawings would flatter every loader.
+    """
+    short = int(rng.integers(333, 501) if photo_like else rng.integers(200, 501))
     aspect = float(rng.uniform(0.75, 1.6))
     w, h = (int(short * aspect), short) if rng.random() < 0.7 else (short, int(short * aspect))
     bg = _random_color(rng)
@@ -108,24 +125,28 @@ def draw_image(class_index: int, rng: np.random.Generator) -> Image.Image:
         col = _random_color(rng)
     list(CLASSES.values())[class_index](d, cx, cy, r, rng.uniform(0, 2 * math.pi), col, bg)
     img = img.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0, 1.2))))
-    pixels = np.asarray(img, dtype=np.int16) + rng.normal(0, rng.uniform(3, 14), (h, w, 3)).astype(np.int16)
+    pixels = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(3, 14), (h, w, 3))
+    if photo_like:
+        pixels += pink_noise(h, w, rng) * rng.uniform(35, 55)
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
 def write_demo(out: str | Path, *, train_per_class: int = 200, val_per_class: int = 50,
-               seed: int = 0, gray_every: int = 25, progress: bool = True) -> Path:
-    """Write `out/{train,val}/<class>/*.jpg`; idempotent once `out/.complete` exists."""
+               seed: int = 0, gray_every: int = 25, progress: bool = True,
+               photo_like: bool = False) -> Path:
+    """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`."""
     out = Path(out)
     counts = {"train": train_per_class, "val": val_per_class}
     jobs = [(split, c, i) for split in SPLITS for c in range(len(CLASSES)) for i in range(counts[split])]
     names = list(CLASSES)
     for split, c, i in tqdm(jobs, desc=f"demo data -> {out}", disable=not progress, unit="img"):
         rng = np.random.default_rng([seed, SPLITS[split], c, i])
-        img = draw_image(c, rng)
+        img = draw_image(c, rng, photo_like)
         if gray_every and i % gray_every == gray_every - 1:
             img = img.convert("L")
         path = out / split / names[c] / f"{names[c]}_{i:05d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        img.save(path, quality=int(rng.integers(80, 96)))
-    (out / ".complete").write_text(f"seed={seed} train={train_per_class} val={val_per_class}\n")
+        img.save(path, quality=int(rng.integers(75, 96) if photo_like else rng.integers(80, 96)))
+    (out / ".complete").write_text(
+        f"seed={seed} train={train_per_class} val={val_per_class} photo_like={photo_like}\n")
     return out

@@ -21,7 +21,8 @@ from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.sharding import EpochCursor, epoch_permutation, num_batches, shard
 from stallfree.recipe import AugmentConfig
 
-Transform = Callable[[str, AugmentConfig, int], np.ndarray]
+# (path, augmentation spec, per-sample seed) -> one decoded, augmented sample
+Transform = Callable[[str, AugmentConfig, int], Any]
 
 
 class ImageDataset(Dataset):
@@ -33,7 +34,7 @@ class ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[np.ndarray, int]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[Any, int]:
         index, seed = key
         path, label = self.samples[index]
         try:

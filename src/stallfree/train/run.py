@@ -15,10 +15,11 @@ from tqdm import tqdm
 from stallfree import __version__
 from stallfree.data.listing import Listing, list_split
 from stallfree.data.loader import DistInfo, Loader, build_loader
-from stallfree.metrics import Sink, open_sinks, write_json_atomic
+from stallfree.metrics import GpuMonitor, Sink, open_sinks, write_json_atomic
 from stallfree.models import build_model
 from stallfree.recipe import Recipe, dump_toml, validate
 from stallfree.train.checkpoint import Checkpointer
+from stallfree.train.profile import StepProfiler
 from stallfree.train.distributed import cleanup, init_distributed, resolve_device, wrap_model
 from stallfree.train.resume import (StopSignal, check_compatible, find_resume, restore,
                                     training_state)
@@ -34,8 +35,10 @@ def seed_everything(seed: int, rank: int) -> None:
 
 
 def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
-          resume: str | None = None, force: bool = False) -> dict[str, Any]:
+          resume: str | None = None, force: bool = False, profile_steps: int = 0) -> dict[str, Any]:
     """Run the recipe; write recipe.toml, metrics.jsonl, summary.json and checkpoints/.
+
+    `profile_steps` > 0 traces that many optimizer steps after a warm-up into profile/.
 
     Raises PreemptedError after saving a checkpoint when SIGTERM or SIGUSR1 arrives.
     """
@@ -67,7 +70,11 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             start_epoch = restore(state, trainer, loaders["train"], dist.rank)
             if progress and dist.rank == 0:
                 tqdm.write(f"resumed from {path} at epoch {start_epoch}, step {trainer.optimizer_steps}")
-        summary = _fit(trainer, loaders, checkpointer, recipe, dist, start_epoch)
+        monitor = GpuMonitor.maybe(device)
+        if monitor is not None:
+            trainer.record_extras.append(monitor.sample)
+        with StepProfiler(run_dir / "profile", profile_steps, device, dist.rank) as profiler:
+            summary = _fit(trainer, loaders, checkpointer, recipe, dist, start_epoch, profiler)
     finally:
         for item in (*loaders.values(), *sinks):
             item.close()
@@ -82,15 +89,20 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
 
 
 def _fit(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer,
-         recipe: Recipe, dist: DistInfo, start_epoch: int) -> dict[str, Any]:
-    """fit() with periodic, epoch-end and on-signal checkpoints."""
+         recipe: Recipe, dist: DistInfo, start_epoch: int, profiler: StepProfiler) -> dict[str, Any]:
+    """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
     def save(loader_state: dict[str, Any]) -> None:
         state = training_state(trainer, loader_state, recipe, dist.world_size)
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
-    trainer.on_step = lambda t, loader: save(loader.state_dict()) \
-        if every and t.optimizer_steps % every == 0 else None
+
+    def on_step(t: Trainer, loader: Loader) -> None:
+        profiler.step()
+        if every and t.optimizer_steps % every == 0:
+            save(loader.state_dict())
+
+    trainer.on_step = on_step
     # After validation: the next epoch starts from its first batch.
     trainer.on_epoch_end = lambda t, epoch: save({"epoch": epoch + 1, "position": 0})
     with StopSignal() as stop:

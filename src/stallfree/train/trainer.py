@@ -67,6 +67,8 @@ class Trainer:
         self.on_step: Callable[[Trainer, Loader], None] | None = None
         self.on_epoch_end: Callable[[Trainer, int], None] | None = None
         self.stop_requested: Callable[[], bool] = lambda: False
+        # Extra fields for each log record, e.g. GPU utilisation from NVML.
+        self.record_extras: list[Callable[[], dict[str, Any]]] = []
         self.policy = PrecisionPolicy(config.precision, device.type)
         self.scaler = self.policy.grad_scaler()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
@@ -188,6 +190,8 @@ class Trainer:
             "data_wait_frac": wait / max(wall, 1e-9), "grad_norm": grad_norm,
             "skipped_steps": self.skipped_steps,
         }
+        for extra in self.record_extras:
+            record.update(extra())
         self._emit(record)
         bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{record['images_per_s']:.0f}",
                         wait=f"{100 * record['data_wait_frac']:.0f}%")

@@ -1,0 +1,322 @@
+"""`stallfree bench`: the head-to-head runner. Each measurement runs in a fresh process.
+
+Loader mode iterates the loader alone; train mode runs the real Trainer on the recipe's model.
+Runs are interleaved (repeat r of every backend before repeat r+1 of any) so that drift on a
+noisy machine hits all backends alike, and the report takes the median of the repeats.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stallfree.data.loader import Batch, DistInfo, Loader, build_loader
+from stallfree.metrics import ResourceSampler
+from stallfree.recipe import Recipe, recipe_from_dict
+
+# Bench names -> loader backends. torch-naive is a reference, not a product backend.
+BENCH_BACKENDS = {"dali": "dali", "torch": "torch", "torch-naive": "stallfree.data.naive:build",
+                  "synthetic": "synthetic"}
+MODES = ("loader", "train")
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    backends: list[str] = field(default_factory=lambda: ["dali", "torch", "torch-naive", "synthetic"])
+    modes: list[str] = field(default_factory=lambda: ["loader", "train"])
+    repeats: int = 3
+    warmup: int = 5  # batches (loader) or optimizer steps (train) not timed
+    batches: int = 30  # timed batches or steps per run
+    workers: list[int] = field(default_factory=list)  # torch/torch-naive sweep; [] = recipe's
+    threads: list[int] = field(default_factory=list)  # dali sweep; [] = recipe's
+
+    def validate(self) -> None:
+        for name in self.backends:
+            if name not in BENCH_BACKENDS:
+                raise ValueError(f"unknown bench backend {name!r}; choose from {', '.join(BENCH_BACKENDS)}")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ValueError(f"unknown bench mode {mode!r}; choose from {', '.join(MODES)}")
+        if self.repeats < 1 or self.batches < 1 or self.warmup < 0:
+            raise ValueError("repeats and batches must be >= 1, warmup >= 0")
+
+
+class Take(Loader):
+    """The next `count` batches of `loader`, continuing across epochs as needed."""
+
+    def __init__(self, loader: Loader, count: int) -> None:
+        self.loader, self.count = loader, count
+
+    def __iter__(self) -> Iterator[Batch]:
+        given = 0
+        while given < self.count:
+            produced = False
+            for batch in self.loader:
+                produced = True
+                yield batch
+                given += 1
+                if given == self.count:
+                    return  # leave the loader mid-epoch: the next Take continues from here
+            if not produced:
+                raise RuntimeError("the loader produced no batches; the dataset is too small")
+            self.loader.set_epoch(self.loader.state_dict()["epoch"] + 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": 0, "position": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _device(recipe: Recipe) -> torch.device:
+    name = recipe.train.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> dict[str, Any]:
+    """Iterate the train loader alone: images/s, CPU cores busy, peak RSS of the process tree."""
+    device = _device(recipe)
+    loader = build_loader(recipe, "train", backend=backend, device=device)
+    try:
+        for _ in Take(loader, warmup):
+            pass
+        _sync(device)
+        with ResourceSampler() as usage:
+            started = time.perf_counter()
+            for _ in Take(loader, batches):
+                pass
+            _sync(device)
+            elapsed = time.perf_counter() - started
+    finally:
+        loader.close()
+    return {"images_per_s": batches * recipe.train.batch_size / elapsed, "wall_s": elapsed,
+            "cpu_cores": usage.cpu_cores, "peak_rss_mb": usage.peak_rss_mb}
+
+
+def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict[str, Any]:
+    """The real Trainer on the recipe's model: images/s, data-wait fraction, step time."""
+    from stallfree.train.run import build_trainer
+
+    device = _device(recipe)
+    recipe.train.accum_steps = 1
+    loader = build_loader(recipe, "train", backend=backend, device=device)
+    trainer = build_trainer(recipe, len(loader), _classes(recipe), device,
+                            dist=DistInfo(), sinks=[], progress=False)
+    try:
+        trainer.config.log_every = warmup + steps + 1  # only the epoch-end log: no extra syncs
+        trainer.train_epoch(Take(loader, warmup), 0)
+        trainer.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
+        with ResourceSampler() as usage:
+            trainer.train_epoch(Take(loader, steps), 0)
+    finally:
+        loader.close()
+    t = trainer.totals
+    return {"images_per_s": t["images"] / t["wall_s"], "data_wait_frac": t["wait_s"] / t["wall_s"],
+            "step_ms": 1000 * t["wall_s"] / steps, "wall_s": t["wall_s"],
+            "cpu_cores": usage.cpu_cores, "peak_rss_mb": usage.peak_rss_mb}
+
+
+def _classes(recipe: Recipe) -> int:
+    if recipe.model.num_classes:
+        return recipe.model.num_classes
+    if recipe.data.root:
+        return len([p for p in (Path(recipe.data.root) / "train").iterdir() if p.is_dir()])
+    return recipe.data.synthetic_classes
+
+
+def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
+    """Forward, backward, step on one device-resident batch: the trainer's reference."""
+    from stallfree.models import build_model
+    from stallfree.train.precision import PrecisionPolicy
+
+    device = _device(recipe)
+    torch.manual_seed(recipe.train.seed)
+    model = build_model(recipe.model, _classes(recipe)).to(device)
+    memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    size, batch = recipe.augment.image_size, recipe.train.batch_size
+    images = torch.randn(batch, 3, size, size, device=device).to(memory_format=memory_format)
+    labels = torch.randint(0, _classes(recipe), (batch,), device=device)
+    policy = PrecisionPolicy(recipe.train.precision, device.type)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    started = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            _sync(device)
+            started = time.perf_counter()
+        with policy.autocast():
+            loss = loss_fn(model(images).float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    elapsed = time.perf_counter() - started
+    return {"images_per_s": steps * batch / elapsed, "step_ms": 1000 * elapsed / steps,
+            "wall_s": elapsed}
+
+
+def _child(kind: str, recipe_dict: dict[str, Any], backend: str, warmup: int, batches: int,
+           queue: Any) -> None:
+    try:
+        recipe = recipe_from_dict(recipe_dict)
+        funcs = {"loader": measure_loader, "train": measure_train}
+        if kind == "bare":
+            result = measure_bare_loop(recipe, warmup, batches)
+        else:
+            result = funcs[kind](recipe, backend, warmup, batches)
+        queue.put(("ok", result))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as a failed record
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def run_isolated(kind: str, recipe: Recipe, backend: str, warmup: int, batches: int,
+                 timeout_s: float = 1800) -> dict[str, Any]:
+    """One measurement in a fresh spawned process: clean RSS, no state shared between runs."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(kind, recipe.to_dict(), backend, warmup, batches, queue))
+    proc.start()
+    try:
+        status, payload = queue.get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - a crashed or hung child
+        status, payload = "error", f"no result within {timeout_s:.0f} s (exit code {proc.exitcode})"
+    proc.join(timeout=60)
+    if proc.is_alive():
+        proc.kill()
+    return payload if status == "ok" else {"error": payload}
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model and count, GPU, versions: what a reader needs to compare results."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "cores_available": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "platform": platform.platform(),
+    }
+    try:
+        import nvidia.dali as dali
+
+        info["dali"] = dali.__version__
+    except ImportError:
+        info["dali"] = None
+    return info
+
+
+def measure_limit(recipe: Recipe, sample: int = 48) -> dict[str, Any]:
+    """The CPU ceiling: cores x the single-thread rate of the fastest decode+crop+resize path.
+
+    PIL (with draft) is timed in this process on a spread sample of the training files; DALI's
+    CPU graph with one thread is timed in its own process when DALI is installed.
+    """
+    from stallfree.data.augment import train_transform
+    from stallfree.data.listing import list_split
+
+    files = list_split(recipe.data.root, "train", recipe.data.file_list or None).files
+    picked = files[:: max(1, len(files) // sample)][:sample]
+    for path in picked[:4]:  # warm the page cache and the decoder
+        train_transform(path, recipe.augment, 0)
+    started = time.perf_counter()
+    for i, path in enumerate(picked):
+        train_transform(path, recipe.augment, i)
+    rates = {"pil": len(picked) / (time.perf_counter() - started)}
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        single = recipe_from_dict(recipe.to_dict())
+        single.loader.threads, single.train.batch_size, single.train.device = 1, 16, "cpu"
+        result = run_isolated("loader", single, "dali", warmup=1, batches=max(2, sample // 16))
+        if "images_per_s" in result:
+            rates["dali"] = result["images_per_s"]
+    cores = len(os.sched_getaffinity(0))
+    best = max(rates, key=rates.__getitem__)
+    return {"images_per_s": cores * rates[best], "cores": cores, "single_thread": rates,
+            "fastest": best}
+
+
+def _median_limit(limits: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not limits:
+        return None
+    single = {k: statistics.median(l["single_thread"][k] for l in limits if k in l["single_thread"])
+              for k in limits[0]["single_thread"]}
+    return {"images_per_s": statistics.median(l["images_per_s"] for l in limits),
+            "cores": limits[0]["cores"], "single_thread": single, "runs": len(limits)}
+
+
+def _sweep(backend: str, cfg: BenchConfig) -> list[int | None]:
+    if backend in ("torch", "torch-naive") and cfg.workers:
+        return list(cfg.workers)
+    if backend == "dali" and cfg.threads:
+        return list(cfg.threads)
+    return [None]
+
+
+def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
+    """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
+    cfg.validate()
+    runs = [(mode, backend, knob) for mode in cfg.modes for backend in cfg.backends
+            for knob in _sweep(backend, cfg)]
+    records: list[dict[str, Any]] = []
+    limits: list[dict[str, Any]] = []
+    for repeat in range(cfg.repeats):
+        if recipe.data.root and "loader" in cfg.modes:
+            limits.append(measure_limit(recipe))  # interleaved too: the ceiling drifts as well
+        for mode, backend, knob in runs:
+            variant = recipe_from_dict(recipe.to_dict())
+            if knob is not None:
+                variant.loader.workers = variant.loader.threads = knob
+            result = run_isolated(mode, variant, BENCH_BACKENDS[backend], cfg.warmup, cfg.batches)
+            record = {"backend": backend, "mode": mode, "knob": knob, "repeat": repeat, **result}
+            records.append(record)
+            if progress:
+                print(_progress_line(record), flush=True)
+        if "train" in cfg.modes:
+            result = run_isolated("bare", recipe, "", cfg.warmup, cfg.batches)
+            records.append({"backend": "bare-loop", "mode": "train", "knob": None,
+                            "repeat": repeat, **result})
+    return {"machine": machine_info(), "limit": _median_limit(limits), "records": records,
+            "config": {"repeats": cfg.repeats, "warmup": cfg.warmup, "batches": cfg.batches,
+                       "batch_size": recipe.train.batch_size, "model": recipe.model.name,
+                       "image_size": recipe.augment.image_size, "precision": recipe.train.precision,
+                       "data_root": recipe.data.root}}
+
+
+def _progress_line(record: dict[str, Any]) -> str:
+    knob = f" x{record['knob']}" if record["knob"] is not None else ""
+    if "error" in record:
+        return f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: ERROR {record['error']}"
+    return (f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: "
+            f"{record['images_per_s']:.1f} img/s")

@@ -1,0 +1,135 @@
+"""The bench report: medians per (mode, backend, workers), ratios, bench.json/.md/.png."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+_FIELDS = ("images_per_s", "data_wait_frac", "step_ms", "cpu_cores", "peak_rss_mb")
+
+
+def summarise(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (mode, backend, knob): the median of each field over the repeats."""
+    groups: dict[tuple[str, str, Any], list[dict[str, Any]]] = defaultdict(list)
+    for record in result["records"]:
+        if "error" not in record:
+            groups[(record["mode"], record["backend"], record["knob"])].append(record)
+    limit = (result.get("limit") or {}).get("images_per_s")
+    rows = []
+    for (mode, backend, knob), records in groups.items():
+        row: dict[str, Any] = {"mode": mode, "backend": backend, "knob": knob, "runs": len(records)}
+        for name in _FIELDS:
+            values = [r[name] for r in records if r.get(name) is not None]
+            row[name] = statistics.median(values) if values else None
+        real = mode == "loader" and backend != "synthetic"  # synthetic decodes nothing
+        row["of_limit"] = row["images_per_s"] / limit if limit and real else None
+        rows.append(row)
+    return rows
+
+
+def ratios(rows: list[dict[str, Any]], limit: float | None) -> dict[str, float]:
+    """The tuning targets as measured ratios (best knob of each backend)."""
+    best: dict[tuple[str, str], float] = {}
+    for row in rows:
+        key = (row["mode"], row["backend"])
+        best[key] = max(best.get(key, 0.0), row["images_per_s"] or 0.0)
+    out: dict[str, float] = {}
+    loader = {b: v for (m, b), v in best.items() if m == "loader"}
+    if limit:
+        for name in ("dali", "torch"):
+            if name in loader:
+                out[f"{name} loader / limit"] = loader[name] / limit
+    if "torch" in loader and loader.get("torch-naive"):
+        out["torch loader / torch-naive loader"] = loader["torch"] / loader["torch-naive"]
+    train = {b: v for (m, b), v in best.items() if m == "train"}
+    if "synthetic" in train and train.get("bare-loop"):
+        out["synthetic train / bare loop"] = train["synthetic"] / train["bare-loop"]
+    return out
+
+
+def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = "") -> str:
+    """bench.md: machine, command, the table and the ratios."""
+    machine, cfg, limit = result["machine"], result["config"], result.get("limit")
+    lines = [
+        "# stallfree bench", "",
+        f"Machine: {machine['cpu']}, {machine['cores_available']} cores available, "
+        f"GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, DALI {machine['dali'] or '-'}, "
+        f"Python {machine['python']}.",
+        f"Recipe: {cfg['model']}, batch {cfg['batch_size']}, {cfg['image_size']} px, "
+        f"{cfg['precision']}; data {cfg['data_root']}. Median of {cfg['repeats']} interleaved runs, "
+        f"{cfg['warmup']} warm-up + {cfg['batches']} timed batches each.",
+    ]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    lines += ["", "| mode | backend | workers/threads | img/s | x limit | data-wait | step ms "
+              "| CPU cores | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+    if limit:
+        single = ", ".join(f"{k} {v:.0f}/s" for k, v in limit["single_thread"].items())
+        lines.append(f"| loader | **limit** | {limit['cores']} cores | {limit['images_per_s']:.0f} "
+                     f"| 1.00 | | | | single thread: {single} |")
+    for row in sorted(rows, key=lambda r: (r["mode"], -(r["images_per_s"] or 0))):
+        lines.append(
+            f"| {row['mode']} | {row['backend']} | {row['knob'] if row['knob'] is not None else 'auto'} "
+            f"| {_num(row['images_per_s'], '.0f')} | {_num(row['of_limit'], '.2f')} "
+            f"| {_pct(row['data_wait_frac'])} | {_num(row['step_ms'], '.1f')} "
+            f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_rss_mb'], '.0f')} |")
+    measured = ratios(rows, limit["images_per_s"] if limit else None)
+    if measured:
+        lines += ["", "Ratios (best setting of each):", ""]
+        lines += [f"- {name}: **{value:.2f}**" for name, value in measured.items()]
+    errors = [r for r in result["records"] if "error" in r]
+    if errors:
+        lines += ["", "Failed runs:", ""] + [f"- {r['mode']} {r['backend']}: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict[str, Any]], limit: dict[str, Any] | None, path: Path) -> bool:
+    """bench.png: images/s per backend, one panel per mode. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    modes = sorted({r["mode"] for r in rows})
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["images_per_s"] or 0)
+        labels = [r["backend"] + (f" x{r['knob']}" if r["knob"] is not None else "") for r in mine]
+        ax.barh(labels, [r["images_per_s"] or 0 for r in mine], color="#4c72b0")
+        if limit and mode == "loader":
+            ax.axvline(limit["images_per_s"], color="#c44e52", linestyle="--", label="CPU limit")
+            ax.legend(loc="lower right")
+        ax.set_title(f"{mode} mode")
+        ax.set_xlabel("images/s (median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path, command: str = "") -> list[Path]:
+    """Write bench.json, bench.md and (with matplotlib) bench.png; return what was written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarise(result)
+    (out / "bench.json").write_text(json.dumps({**result, "summary": rows}, indent=2) + "\n")
+    (out / "bench.md").write_text(markdown(result, rows, command))
+    written = [out / "bench.json", out / "bench.md"]
+    if chart(rows, result.get("limit"), out / "bench.png"):
+        written.append(out / "bench.png")
+    else:
+        print("bench: matplotlib is not installed, so no bench.png; pip install 'stallfree[plot]'")
+    return written
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

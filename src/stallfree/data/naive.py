@@ -1,0 +1,92 @@
+"""`torch-naive`: the textbook DataLoader, a benchmark reference and not a product backend.
+
+Full-resolution PIL decode, float `ToTensor` and `Normalize` in the workers, the default
+collate (float32 batches: 4x the bytes of uint8 through shared memory and PCIe), no draft(),
+no device-side normalisation. `stallfree bench` runs it to show what the tuning buys.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_collate
+
+from stallfree.data.augment import open_rgb, random_resized_crop_box, val_transform
+from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.sharding import EpochCursor
+from stallfree.data.torch_backend import ImageDataset, ShardedBatchSampler, default_workers
+from stallfree.recipe import AugmentConfig
+
+
+def _to_normalised_tensor(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tensor:
+    # torchvision's ToTensor + Normalize, done per sample in the worker.
+    x = torch.from_numpy(np.array(pixels)).permute(2, 0, 1).float().div(255)
+    mean = torch.tensor(aug.mean).view(3, 1, 1)
+    std = torch.tensor(aug.std).view(3, 1, 1)
+    return (x - mean) / std
+
+
+def naive_train(path: str, aug: AugmentConfig, seed: int) -> torch.Tensor:
+    """Decode the whole image, then RandomResizedCrop, flip, ToTensor, Normalize."""
+    rng = random.Random(seed)
+    img = open_rgb(path)
+    left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, rng)
+    img = img.crop((left, top, left + w, top + h)).resize((aug.image_size,) * 2, Image.BILINEAR)
+    if rng.random() < aug.hflip:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return _to_normalised_tensor(np.asarray(img), aug)
+
+
+def naive_val(path: str, aug: AugmentConfig, seed: int = 0) -> torch.Tensor:
+    return _to_normalised_tensor(val_transform(path, aug), aug)
+
+
+class NaiveLoader(Loader):
+    """Float batches from the workers, copied to the device as they are."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        if spec.listing is None:
+            raise ValueError("torch-naive needs a dataset listing (data.root)")
+        self.spec, self.cursor = spec, EpochCursor()
+        self.sampler = ShardedBatchSampler(
+            len(spec.listing), batch_size=spec.batch_size, train=spec.train, seed=spec.seed,
+            rank=spec.dist.rank, world_size=spec.dist.world_size, cursor=self.cursor)
+        workers = spec.loader.workers if spec.loader.workers >= 0 else default_workers(
+            spec.dist.local_world_size)
+        transform = naive_train if spec.train else naive_val
+        self.dataloader = DataLoader(
+            ImageDataset(spec.listing, transform, spec.augment), batch_sampler=self.sampler,
+            num_workers=workers, collate_fn=default_collate, pin_memory=spec.device.type == "cuda",
+            persistent_workers=workers > 0)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for images, labels in self.dataloader:
+            self.cursor.position += 1
+            yield Batch(images.to(self.spec.device, self.spec.dtype), labels.to(self.spec.device))
+        self.cursor.position = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.cursor.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.cursor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor.load_state_dict(state)
+
+    def close(self) -> None:
+        self.dataloader._iterator = None  # noqa: SLF001 - shuts persistent workers down
+
+
+def build(spec: LoaderSpec) -> Loader:
+    """Entry point, used as the plug-in `stallfree.data.naive:build`."""
+    return NaiveLoader(spec)

@@ -1,0 +1,138 @@
+"""bench: the measurements on tiny data, the interleaved runner, and the report writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from helpers import small_recipe
+from stallfree.bench import BenchConfig, Take, measure_bare_loop, measure_loader, measure_train, run_bench
+from stallfree.bench_report import markdown, ratios, summarise, write_report
+from stallfree.data.demo import write_demo
+from stallfree.data.loader import build_loader
+
+CPU = torch.device("cpu")
+
+
+def _fake_result() -> dict:
+    records = []
+    for repeat, scale in enumerate((1.0, 1.2, 0.9)):
+        for backend, ips in (("torch", 300), ("torch-naive", 200), ("dali", 400)):
+            records.append({"backend": backend, "mode": "loader", "knob": None, "repeat": repeat,
+                            "images_per_s": ips * scale, "cpu_cores": 1.9, "peak_rss_mb": 500})
+        for backend, ips in (("synthetic", 98), ("bare-loop", 100)):
+            records.append({"backend": backend, "mode": "train", "knob": None, "repeat": repeat,
+                            "images_per_s": ips * scale, "data_wait_frac": 0.0, "step_ms": 10.0})
+    records.append({"backend": "dali", "mode": "train", "knob": None, "repeat": 0,
+                    "error": "RuntimeError: boom"})
+    return {"machine": {"cpu": "Test CPU", "cores_available": 2, "gpu": None, "torch": "x",
+                        "dali": None, "python": "3.11"},
+            "limit": {"images_per_s": 500.0, "cores": 2, "single_thread": {"pil": 250.0}, "runs": 3},
+            "records": records,
+            "config": {"repeats": 3, "warmup": 1, "batches": 2, "batch_size": 8, "model": "m",
+                       "image_size": 32, "precision": "fp32", "data_root": "d"}}
+
+
+def test_summary_takes_medians_and_ratios() -> None:
+    result = _fake_result()
+    rows = {(r["mode"], r["backend"]): r for r in summarise(result)}
+    assert rows[("loader", "torch")]["images_per_s"] == pytest.approx(300)
+    assert rows[("loader", "torch")]["of_limit"] == pytest.approx(0.6)
+    assert rows[("loader", "torch")]["runs"] == 3
+    measured = ratios(list(rows.values()), 500.0)
+    assert measured["torch loader / torch-naive loader"] == pytest.approx(1.5)
+    assert measured["dali loader / limit"] == pytest.approx(0.8)
+    assert measured["synthetic train / bare loop"] == pytest.approx(0.98)
+
+
+def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
+    result = _fake_result()
+    written = write_report(result, tmp_path, command="stallfree bench x.toml")
+    names = {p.name for p in written}
+    assert {"bench.json", "bench.md"} <= names
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["machine"]["cpu"] == "Test CPU" and len(saved["summary"]) == 5
+    text = (tmp_path / "bench.md").read_text()
+    assert "| loader | **limit** | 2 cores | 500 |" in text
+    assert "`stallfree bench x.toml`" in text and "RuntimeError: boom" in text
+    pytest.importorskip("matplotlib")
+    assert "bench.png" in names
+    assert Image.open(tmp_path / "bench.png").size[0] > 100
+
+
+def test_markdown_without_limit_or_train() -> None:
+    result = _fake_result()
+    result["limit"] = None
+    result["records"] = [r for r in result["records"] if r["mode"] == "loader"]
+    text = markdown(result, summarise(result))
+    assert "**limit**" not in text and "/ limit" not in text
+    assert "| loader | torch | auto | 300 | - |" in text
+
+
+def test_take_continues_across_epochs(image_root: Path) -> None:
+    loader = build_loader(small_recipe(image_root), "train", device=CPU)  # 7 batches an epoch
+    first = [b.labels for b in Take(loader, 5)]
+    second = [b.labels for b in Take(loader, 5)]
+    assert len(first) == len(second) == 5
+    assert loader.state_dict() == {"epoch": 1, "position": 3}
+
+
+def test_measurements_on_tiny_data(image_root: Path) -> None:
+    recipe = small_recipe(image_root)
+    loader = measure_loader(recipe, "stallfree.data.naive:build", warmup=1, batches=3)
+    assert loader["images_per_s"] > 0 and loader["peak_rss_mb"] > 10
+    trained = measure_train(small_recipe(image_root), "synthetic", warmup=1, steps=3)
+    assert trained["images_per_s"] > 0 and 0 <= trained["data_wait_frac"] < 1
+    bare = measure_bare_loop(small_recipe(image_root), warmup=1, steps=3)
+    assert bare["images_per_s"] > 0 and bare["step_ms"] > 0
+
+
+def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
+    config = BenchConfig(backends=["torch", "synthetic"], modes=["loader"], repeats=2, warmup=1,
+                         batches=2, workers=[0, 1])
+    result = run_bench(small_recipe(image_root), config, progress=False)
+    order = [(r["repeat"], r["backend"], r["knob"]) for r in result["records"]]
+    assert order == [(0, "torch", 0), (0, "torch", 1), (0, "synthetic", None),
+                     (1, "torch", 0), (1, "torch", 1), (1, "synthetic", None)]
+    assert all("error" not in r for r in result["records"]), result["records"]
+    assert result["limit"]["images_per_s"] > 0 and result["limit"]["runs"] == 2
+
+
+def test_bench_config_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown bench backend 'ffcv'"):
+        BenchConfig(backends=["ffcv"]).validate()
+
+
+def test_naive_loader_matches_torch_labels_and_dtype(image_root: Path) -> None:
+    recipe = small_recipe(image_root)
+    naive = build_loader(recipe, "val", backend="stallfree.data.naive:build", device=CPU)
+    tuned = build_loader(recipe, "val", device=CPU)
+    for a, b in zip(naive, tuned):
+        assert a.images.dtype == torch.float32 and a.images.shape == b.images.shape
+        assert torch.equal(a.labels, b.labels)
+        assert (a.images - b.images).abs().mean() < 0.02  # same val transform, same normalisation
+    naive.close()
+    tuned.close()
+
+
+def test_photo_like_data_is_photo_sized(tmp_path: Path) -> None:
+    write_demo(tmp_path, train_per_class=1, val_per_class=0, photo_like=True, progress=False)
+    files = sorted(tmp_path.glob("train/*/*.jpg"))
+    assert len(files) == 10
+    sizes = [Image.open(f).size for f in files]
+    assert all(333 <= min(s) <= 500 for s in sizes)
+    mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1000
+    assert 50 < mean_kb < 200, mean_kb
+
+
+def test_profile_writes_a_trace(image_root: Path, tmp_path: Path) -> None:
+    from stallfree.train.run import train
+
+    recipe = small_recipe(image_root, train={"epochs": 2, "batch_size": 4})
+    train(recipe, tmp_path, progress=False, profile_steps=2)
+    assert (tmp_path / "profile" / "trace.json").stat().st_size > 1000
+    assert "Name" in (tmp_path / "profile" / "top_ops.txt").read_text()
