@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.loader import BackendError, Batch, Loader, LoaderSpec
+from stallfree.data.loader import BackendError, Batch, CursorLoader, Loader, LoaderSpec
 from stallfree.data.sharding import EpochCursor, epoch_permutation, num_batches
 
 try:
@@ -82,7 +82,7 @@ def default_threads(local_world_size: int) -> int:
     return default_workers(local_world_size)
 
 
-class DaliLoader(Loader):
+class DaliLoader(CursorLoader):
     """Adapter over DALIGenericIterator that yields `Batch` and hides DALI's iterator quirks."""
 
     def __init__(self, spec: LoaderSpec) -> None:
@@ -135,12 +135,9 @@ class DaliLoader(Loader):
             self._resume_checkpoint = self._iterator.checkpoints()[0]
         self._iterator = self._build()
         try:
-            for data in self._iterator:
-                self.cursor.position += 1
-                yield self._to_batch(data[0])
+            yield from self._counted(self._to_batch(data[0]) for data in self._iterator)
         except RuntimeError as exc:
             raise _explain(exc) from exc
-        self.cursor.position = 0
         self._close_iterator()
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> Batch:
@@ -152,9 +149,6 @@ class DaliLoader(Loader):
         labels = out["labels"].reshape(-1).long()
         return Batch(images.to(self.spec.device, non_blocking=True),
                      labels.to(self.spec.device, non_blocking=True))
-
-    def set_epoch(self, epoch: int) -> None:
-        self.cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = self.cursor.state_dict()

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from stallfree.data.listing import Listing, list_split
+from stallfree.data.sharding import EpochCursor
 from stallfree.recipe import AugmentConfig, LoaderConfig, Recipe
 
 
@@ -79,8 +80,30 @@ class Loader(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position saved by `state_dict`."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: loaders without workers have nothing to free
         """Release workers and pipelines."""
+
+
+class CursorLoader(Loader):
+    """A Loader whose resumable state is an `EpochCursor` (epoch, batches already yielded)."""
+
+    cursor: EpochCursor
+
+    def set_epoch(self, epoch: int) -> None:
+        self.cursor.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.cursor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor.load_state_dict(state)
+
+    def _counted(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Yield `batches`, advancing the cursor; a finished epoch resets it to the start."""
+        for batch in batches:
+            self.cursor.position += 1
+            yield batch
+        self.cursor.position = 0
 
 
 class BackendError(ValueError):

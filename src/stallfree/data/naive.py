@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from stallfree.data.augment import open_rgb, random_resized_crop_box, val_transform
-from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
 from stallfree.data.sharding import EpochCursor
 from stallfree.data.torch_backend import ImageDataset, ShardedBatchSampler, default_workers
 from stallfree.recipe import AugmentConfig
@@ -47,7 +46,7 @@ def naive_val(path: str, aug: AugmentConfig, seed: int = 0) -> torch.Tensor:
     return _to_normalised_tensor(val_transform(path, aug), aug)
 
 
-class NaiveLoader(Loader):
+class NaiveLoader(CursorLoader):
     """Float batches from the workers, copied to the device as they are."""
 
     def __init__(self, spec: LoaderSpec) -> None:
@@ -69,19 +68,9 @@ class NaiveLoader(Loader):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Batch]:
-        for images, labels in self.dataloader:
-            self.cursor.position += 1
-            yield Batch(images.to(self.spec.device, self.spec.dtype), labels.to(self.spec.device))
-        self.cursor.position = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.cursor.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state)
+        device, dtype = self.spec.device, self.spec.dtype
+        return self._counted(Batch(images.to(device, dtype), labels.to(device))
+                             for images, labels in self.dataloader)
 
     def close(self) -> None:
         self.dataloader._iterator = None  # noqa: SLF001 - shuts persistent workers down

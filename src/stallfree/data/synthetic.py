@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
 import torch
 
-from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
 from stallfree.data.sharding import EpochCursor, num_batches
 
 
-class SyntheticLoader(Loader):
+class SyntheticLoader(CursorLoader):
     """Yields the same device-resident batch; `len` matches the real backends for the same data."""
 
     def __init__(self, spec: LoaderSpec) -> None:
@@ -32,19 +30,7 @@ class SyntheticLoader(Loader):
         return self.length
 
     def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self.cursor.position, self.length):
-            self.cursor.position += 1
-            yield self.batch
-        self.cursor.position = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.cursor.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state)
+        return self._counted(self.batch for _ in range(self.cursor.position, self.length))
 
 
 def build(spec: LoaderSpec) -> Loader:

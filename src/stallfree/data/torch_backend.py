@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.augment import train_transform, val_transform
 from stallfree.data.listing import Listing
-from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.sharding import EpochCursor, epoch_permutation, num_batches, shard
 from stallfree.recipe import AugmentConfig
@@ -84,7 +84,7 @@ def default_workers(local_world_size: int) -> int:
     return max(1, min(16, cores // max(1, local_world_size)))
 
 
-class TorchLoader(Loader):
+class TorchLoader(CursorLoader):
     """DataLoader adapter that yields `Batch` on the device and resumes mid-epoch."""
 
     def __init__(self, spec: LoaderSpec, transform: Transform | None = None) -> None:
@@ -115,19 +115,7 @@ class TorchLoader(Loader):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch in self.prefetcher(self.dataloader):
-            self.cursor.position += 1
-            yield batch
-        self.cursor.position = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.cursor.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state)
+        return self._counted(self.prefetcher(self.dataloader))
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.
