@@ -1,4 +1,4 @@
-"""`stallfree bench`: the head-to-head runner. Each measurement runs in a fresh process.
+"""`stallfree bench`: the head-to-head runner. Each measurement runs in a fresh interpreter.
 
 Loader mode iterates the loader alone; train mode runs the real Trainer on the recipe's model.
 Runs are interleaved (repeat r of every backend before repeat r+1 of any) so that drift on a
@@ -7,10 +7,12 @@ noisy machine hits all backends alike, and the report takes the median of the re
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -178,35 +180,41 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
             "wall_s": elapsed}
 
 
-def _child(kind: str, recipe_dict: dict[str, Any], backend: str, warmup: int, batches: int,
-           queue: Any) -> None:
+def _child_main() -> None:
+    """Entry point of a measurement process: a JSON request on stdin, a JSON result on stdout."""
+    request = json.loads(sys.stdin.read())
     try:
-        recipe = recipe_from_dict(recipe_dict)
-        funcs = {"loader": measure_loader, "train": measure_train}
+        recipe = recipe_from_dict(request["recipe"])
+        kind, backend = request["kind"], request["backend"]
         if kind == "bare":
-            result = measure_bare_loop(recipe, warmup, batches)
+            result = measure_bare_loop(recipe, request["warmup"], request["batches"])
         else:
-            result = funcs[kind](recipe, backend, warmup, batches)
-        queue.put(("ok", result))
+            measure = measure_loader if kind == "loader" else measure_train
+            result = measure(recipe, backend, request["warmup"], request["batches"])
     except Exception as exc:  # noqa: BLE001 - reported to the parent as a failed record
-        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    print(_RESULT_TAG + json.dumps(result), flush=True)
+
+
+_RESULT_TAG = "STALLFREE_BENCH_RESULT "
 
 
 def run_isolated(kind: str, recipe: Recipe, backend: str, warmup: int, batches: int,
                  timeout_s: float = 1800) -> dict[str, Any]:
-    """One measurement in a fresh spawned process: clean RSS, no state shared between runs."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(kind, recipe.to_dict(), backend, warmup, batches, queue))
-    proc.start()
+    """One measurement in a fresh interpreter: clean RSS, no state shared between runs."""
+    request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "backend": backend,
+                          "warmup": warmup, "batches": batches})
+    code = "from stallfree.bench import _child_main; _child_main()"
     try:
-        status, payload = queue.get(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - a crashed or hung child
-        status, payload = "error", f"no result within {timeout_s:.0f} s (exit code {proc.exitcode})"
-    proc.join(timeout=60)
-    if proc.is_alive():
-        proc.kill()
-    return payload if status == "ok" else {"error": payload}
+        proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {timeout_s:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_TAG):
+            return json.loads(line[len(_RESULT_TAG):])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"measurement process exited with code {proc.returncode}: {tail}"}
 
 
 def machine_info() -> dict[str, Any]:

@@ -19,7 +19,8 @@ from torch.utils.data._utils.collate import default_collate
 from stallfree.data.augment import open_rgb, random_resized_crop_box, val_transform
 from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
 from stallfree.data.sharding import EpochCursor
-from stallfree.data.torch_backend import ImageDataset, ShardedBatchSampler, default_workers
+from stallfree.data.torch_backend import (ImageDataset, ShardedBatchSampler, default_workers,
+                                          shutdown_workers)
 from stallfree.recipe import AugmentConfig
 
 
@@ -73,7 +74,7 @@ class NaiveLoader(CursorLoader):
                              for images, labels in self.dataloader)
 
     def close(self) -> None:
-        self.dataloader._iterator = None  # noqa: SLF001 - shuts persistent workers down
+        shutdown_workers(self.dataloader)
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -84,6 +84,15 @@ def default_workers(local_world_size: int) -> int:
     return max(1, min(16, cores // max(1, local_world_size)))
 
 
+def shutdown_workers(dataloader: DataLoader) -> None:
+    """Stop persistent workers now. Dropping the iterator is not enough when a generator that
+    was left mid-epoch still holds it: its workers would die only at interpreter exit."""
+    iterator = dataloader._iterator  # noqa: SLF001 - DataLoader has no public shutdown
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # noqa: SLF001
+    dataloader._iterator = None  # noqa: SLF001
+
+
 class TorchLoader(CursorLoader):
     """DataLoader adapter that yields `Batch` on the device and resumes mid-epoch."""
 
@@ -118,8 +127,7 @@ class TorchLoader(CursorLoader):
         return self._counted(self.prefetcher(self.dataloader))
 
     def close(self) -> None:
-        # Persistent workers live as long as the iterator; dropping it shuts them down.
-        self.dataloader._iterator = None  # noqa: SLF001 - DataLoader has no public shutdown
+        shutdown_workers(self.dataloader)
 
 
 def build(spec: LoaderSpec) -> Loader:
