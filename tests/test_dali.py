@@ -159,6 +159,13 @@ def test_gpu_pipeline_outputs_on_cuda(image_root: Path, decode: str, precision: 
 
 
 @pytest.mark.gpu
+def test_cpu_graph_feeding_a_gpu_run(image_root: Path) -> None:
+    recipe = small_recipe(image_root, loader={"device": "cpu"}, train={"precision": "bf16"})
+    images, labels = _all(recipe, "train", "dali", device=torch.device("cuda"))
+    assert images.is_cuda and labels.is_cuda and images.dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
 def test_gpu_mixed_decoder_matches_cpu_val(image_root: Path) -> None:
     recipe = small_recipe(image_root, augment=RAW_PIXELS)
     gpu, _ = _all(recipe, "val", "dali", device=torch.device("cuda"))

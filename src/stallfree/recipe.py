@@ -73,7 +73,7 @@ class TrainConfig:
 @dataclass(kw_only=True, slots=True)
 class LoaderConfig:
     backend: str = "torch"
-    device: str = "auto"  # where augmentation runs: auto | cpu | cuda
+    device: str = "auto"  # dali: where the graph runs; auto = the training device, or cpu
     workers: int = -1  # torch: -1 derives it from the CPU count
     threads: int = -1  # dali: -1 derives it from the CPU count
     prefetch: int = 2
@@ -192,7 +192,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
 _CHOICES = {
     ("train", "precision"): ("bf16", "fp16", "fp32"),
     ("train", "device"): ("auto", "cpu", "cuda"),
-    ("loader", "device"): ("auto", "cpu", "cuda"),
+    ("loader", "device"): ("auto", "cpu"),
     ("loader", "dali_decode"): ("auto", "cpu"),
     ("optim", "name"): ("sgd", "adamw"),
 }

@@ -92,7 +92,8 @@ class DaliLoader(CursorLoader):
         self.cursor = EpochCursor()
         self.per_rank = len(spec.listing) // spec.dist.world_size
         self.length = num_batches(self.per_rank, spec.batch_size, drop_last=spec.train)
-        gpu = spec.device.type == "cuda"
+        # loader.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
+        gpu = spec.device.type == "cuda" and spec.loader.device != "cpu"
         self.device_id = (spec.device.index or 0) if gpu else None
         self.decode_device = "mixed" if gpu and spec.loader.dali_decode == "auto" else "cpu"
         self.augment_on_gpu = gpu

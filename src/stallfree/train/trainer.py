@@ -21,6 +21,10 @@ from stallfree.train.distributed import all_reduce_sum
 from stallfree.train.precision import PrecisionPolicy
 
 
+# torch.OutOfMemoryError is new in torch 2.5; the CUDA one is its alias there.
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
 class NonFiniteLossError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
@@ -93,7 +97,7 @@ class Trainer:
                 # Divide by the window's true length so the summed gradient is the window mean,
                 # also for the short last window of an epoch.
                 self.scaler.scale(loss / window_len).backward()
-        except torch.OutOfMemoryError as exc:
+        except _OUT_OF_MEMORY as exc:
             raise MicroBatchOOMError(
                 f"out of memory on a micro-batch of {batch.images.shape[0]} images "
                 f"(train.batch_size). Lower train.batch_size and raise train.accum_steps "
@@ -102,8 +106,8 @@ class Trainer:
         self._window.loss_sum += loss.detach() * batch.labels.numel()
         self._window.samples += batch.labels.numel()
 
-    def _optimizer_step(self) -> None:
-        """Unscale, clip, step (unless non-finite), zero, then advance the schedule if stepped."""
+    def _optimizer_step(self) -> bool:
+        """Unscale, clip, step (unless non-finite), zero, advance the schedule; True if stepped."""
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -126,6 +130,7 @@ class Trainer:
             self._window.steps += 1
         else:
             self.skipped_steps += 1
+        return stepped
 
     def _count_nonfinite(self, finite: bool) -> None:
         self._nonfinite_in_row = 0 if finite else self._nonfinite_in_row + 1
@@ -154,8 +159,8 @@ class Trainer:
             bar.update(1)
             if not boundary:
                 continue
-            self._optimizer_step()
-            if self.optimizer_steps % self.config.log_every == 0 or i == n - 1:
+            stepped = self._optimizer_step()
+            if (stepped and self.optimizer_steps % self.config.log_every == 0) or i == n - 1:
                 self._log(timer, bar)
             if self.on_step is not None:
                 self.on_step(self, loader)
