@@ -85,3 +85,9 @@ def test_dump_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(recipe))
     assert load_recipe(path) == recipe
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_loads_and_validates(path: Path) -> None:
+    recipe = load_recipe(path)
+    validate(recipe, needs_data=False)
