@@ -86,10 +86,9 @@ class Take(Loader):
 
 
 def _device(recipe: Recipe) -> torch.device:
-    name = recipe.train.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    from stallfree.train.distributed import resolve_device
+
+    return resolve_device(recipe.train.device, DistInfo())
 
 
 def _sync(device: torch.device) -> None:
@@ -141,11 +140,12 @@ def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict
 
 
 def _classes(recipe: Recipe) -> int:
-    if recipe.model.num_classes:
-        return recipe.model.num_classes
-    if recipe.data.root:
-        return len([p for p in (Path(recipe.data.root) / "train").iterdir() if p.is_dir()])
-    return recipe.data.synthetic_classes
+    from stallfree.data.listing import list_split
+    from stallfree.train.run import num_classes
+
+    listing = list_split(recipe.data.root, "train", recipe.data.file_list or None) \
+        if recipe.data.root else None
+    return num_classes(recipe, listing)
 
 
 def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -155,13 +155,14 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
 
     device = _device(recipe)
     torch.manual_seed(recipe.train.seed)
-    model = build_model(recipe.model, _classes(recipe)).to(device)
+    classes = _classes(recipe)
+    model = build_model(recipe.model, classes).to(device)
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     size, batch = recipe.augment.image_size, recipe.train.batch_size
     images = torch.randn(batch, 3, size, size, device=device).to(memory_format=memory_format)
-    labels = torch.randint(0, _classes(recipe), (batch,), device=device)
+    labels = torch.randint(0, classes, (batch,), device=device)
     policy = PrecisionPolicy(recipe.train.precision, device.type)
     loss_fn = torch.nn.CrossEntropyLoss()
     started = 0.0

@@ -60,7 +60,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     checkpointer = Checkpointer(run_dir / "checkpoints", keep=recipe.train.keep_checkpoints,
                                 rank=dist.rank)
     try:
-        trainer = build_trainer(recipe, len(loaders["train"]), _num_classes(recipe, listings),
+        trainer = build_trainer(recipe, len(loaders["train"]), num_classes(recipe, listings["train"]),
                                 device, dist, sinks, progress)
         start_epoch = 0
         found = find_resume(resume, checkpointer) if resume else None
@@ -147,8 +147,8 @@ def _listings(recipe: Recipe) -> dict[str, Listing | None]:
     return {s: list_split(recipe.data.root, s, recipe.data.file_list or None) for s in ("train", "val")}
 
 
-def _num_classes(recipe: Recipe, listings: dict[str, Listing | None]) -> int:
-    train_listing = listings["train"]
+def num_classes(recipe: Recipe, train_listing: Listing | None) -> int:
+    """model.num_classes, else the class folders of the training split, else the synthetic count."""
     if recipe.model.num_classes:
         return recipe.model.num_classes
     return len(train_listing.classes) if train_listing else recipe.data.synthetic_classes
