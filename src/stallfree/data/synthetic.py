@@ -15,7 +15,9 @@ class SyntheticLoader(CursorLoader):
     def __init__(self, spec: LoaderSpec) -> None:
         n = len(spec.listing) if spec.listing is not None else spec.synthetic_samples
         self.length = num_batches(n // spec.dist.world_size, spec.batch_size, drop_last=spec.train)
-        generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank)
+        # A different batch for val than for train: otherwise "val accuracy" is memorisation.
+        split_offset = 0 if spec.train else 1_000_003
+        generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank + split_offset)
         size = spec.augment.image_size
         images = torch.randn((spec.batch_size, 3, size, size), generator=generator)
         labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator)
