@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -114,6 +115,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = resolve_recipe(args)
     if args.resume and not args.out:
         raise RecipeError("--resume needs --out: the run directory whose checkpoints/ to resume")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
+        # A default name carries a timestamp that the ranks could compute a second apart.
+        raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         summary = train(recipe, out, progress=not args.no_progress, resume=args.resume,
