@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from stallfree.data.loader import BackendError, Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.sharding import EpochCursor, epoch_permutation, num_batches
+from stallfree.data.sharding import epoch_permutation, num_batches
+from stallfree.data.torch_backend import cpu_workers
 
 try:
     from nvidia.dali import fn, pipeline_def, types
@@ -75,21 +76,14 @@ def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, dec
     return images, label.gpu() if augment_on_gpu else label
 
 
-def default_threads(local_world_size: int) -> int:
-    """DALI worker threads: this rank's share of the cores."""
-    from stallfree.data.torch_backend import default_workers
-
-    return default_workers(local_world_size)
-
-
 class DaliLoader(CursorLoader):
     """Adapter over DALIGenericIterator that yields `Batch` and hides DALI's iterator quirks."""
 
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None:
             raise BackendError("the dali backend needs a dataset listing (data.root)")
+        super().__init__()
         self.spec = spec
-        self.cursor = EpochCursor()
         self.per_rank = len(spec.listing) // spec.dist.world_size
         self.length = num_batches(self.per_rank, spec.batch_size, drop_last=spec.train)
         # loader.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
@@ -97,8 +91,9 @@ class DaliLoader(CursorLoader):
         self.device_id = (spec.device.index or 0) if gpu else None
         self.decode_device = "mixed" if gpu and spec.loader.dali_decode == "auto" else "cpu"
         self.augment_on_gpu = gpu
-        self.threads = spec.loader.threads if spec.loader.threads > 0 else default_threads(
-            spec.dist.local_world_size)
+        # DALI needs at least one thread: 0 means "derive it", like -1.
+        self.threads = cpu_workers(spec.loader.threads if spec.loader.threads > 0 else -1,
+                                   spec.dist.local_world_size)
         self._iterator: DALIGenericIterator | None = None
         self._resume_checkpoint: str | None = None
         self._paths = np.array(spec.listing.files)

@@ -87,7 +87,8 @@ class Loader(ABC):
 class CursorLoader(Loader):
     """A Loader whose resumable state is an `EpochCursor` (epoch, batches already yielded)."""
 
-    cursor: EpochCursor
+    def __init__(self) -> None:
+        self.cursor = EpochCursor()
 
     def set_epoch(self, epoch: int) -> None:
         self.cursor.set_epoch(epoch)

@@ -18,8 +18,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from stallfree.data.augment import open_rgb, random_resized_crop_box, val_transform
 from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.sharding import EpochCursor
-from stallfree.data.torch_backend import (ImageDataset, ShardedBatchSampler, default_workers,
+from stallfree.data.torch_backend import (ImageDataset, ShardedBatchSampler, cpu_workers,
                                           shutdown_workers)
 from stallfree.recipe import AugmentConfig
 
@@ -53,12 +52,12 @@ class NaiveLoader(CursorLoader):
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None:
             raise ValueError("torch-naive needs a dataset listing (data.root)")
-        self.spec, self.cursor = spec, EpochCursor()
+        super().__init__()
+        self.spec = spec
         self.sampler = ShardedBatchSampler(
             len(spec.listing), batch_size=spec.batch_size, train=spec.train, seed=spec.seed,
             rank=spec.dist.rank, world_size=spec.dist.world_size, cursor=self.cursor)
-        workers = spec.loader.workers if spec.loader.workers >= 0 else default_workers(
-            spec.dist.local_world_size)
+        workers = cpu_workers(spec.loader.workers, spec.dist.local_world_size)
         transform = naive_train if spec.train else naive_val
         self.dataloader = DataLoader(
             ImageDataset(spec.listing, transform, spec.augment), batch_sampler=self.sampler,

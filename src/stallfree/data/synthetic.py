@@ -6,13 +6,14 @@ from collections.abc import Iterator
 import torch
 
 from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.sharding import EpochCursor, num_batches
+from stallfree.data.sharding import num_batches
 
 
 class SyntheticLoader(CursorLoader):
     """Yields the same device-resident batch; `len` matches the real backends for the same data."""
 
     def __init__(self, spec: LoaderSpec) -> None:
+        super().__init__()
         n = len(spec.listing) if spec.listing is not None else spec.synthetic_samples
         self.length = num_batches(n // spec.dist.world_size, spec.batch_size, drop_last=spec.train)
         # A different batch for val than for train: otherwise "val accuracy" is memorisation.
@@ -26,7 +27,6 @@ class SyntheticLoader(CursorLoader):
             images.to(spec.device, dtype=spec.dtype, memory_format=memory_format),
             labels.to(spec.device),
         )
-        self.cursor = EpochCursor()
 
     def __len__(self) -> int:
         return self.length

@@ -78,8 +78,10 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)
 
 
-def default_workers(local_world_size: int) -> int:
-    """CPU cores available to this process, shared among the ranks on this node."""
+def cpu_workers(requested: int, local_world_size: int) -> int:
+    """`requested` when >= 0; else the cores this process may use, shared among the node's ranks."""
+    if requested >= 0:
+        return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(16, cores // max(1, local_world_size)))
 
@@ -99,13 +101,12 @@ class TorchLoader(CursorLoader):
     def __init__(self, spec: LoaderSpec, transform: Transform | None = None) -> None:
         if spec.listing is None:
             raise ValueError("the torch backend needs a dataset listing (data.root)")
-        self.cursor = EpochCursor()
+        super().__init__()
         self.sampler = ShardedBatchSampler(
             len(spec.listing), batch_size=spec.batch_size, train=spec.train, seed=spec.seed,
             rank=spec.dist.rank, world_size=spec.dist.world_size, cursor=self.cursor,
         )
-        workers = spec.loader.workers if spec.loader.workers >= 0 else default_workers(
-            spec.dist.local_world_size)
+        workers = cpu_workers(spec.loader.workers, spec.dist.local_world_size)
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
             ImageDataset(spec.listing, transform, spec.augment),

@@ -44,9 +44,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     """
     validate(recipe, needs_data=recipe.loader.backend != "synthetic" or bool(recipe.data.root))
     started = time.perf_counter()
-    want_cuda = recipe.train.device == "cuda" or (recipe.train.device == "auto"
-                                                  and torch.cuda.is_available())
-    dist = init_distributed("cuda" if want_cuda else "cpu")
+    # The device type picks the process-group backend; the rank then picks the device index.
+    dist = init_distributed(resolve_device(recipe.train.device, DistInfo()).type)
     device = resolve_device(recipe.train.device, dist)
     seed_everything(recipe.train.seed, dist.rank)
     run_dir = Path(out_dir)
@@ -111,7 +110,8 @@ def _fit(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
             return trainer.fit(loaders["train"], loaders["val"], epochs=recipe.train.epochs,
                                start_epoch=start_epoch)
         except PreemptedError:
-            save(loaders["train"].state_dict())  # the step that just finished
+            # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
+            save(loaders["train"].state_dict())
             raise
 
 

@@ -151,23 +151,24 @@ class Trainer:
         timer = StepTimer()
         bar = tqdm(total=n, initial=start, desc=f"epoch {epoch}", unit="batch", leave=False,
                    disable=not self.config.progress or self.dist.rank != 0, dynamic_ncols=True)
-        for i, batch in enumerate(timer.iterate(loader), start=start):
-            window_start = i - i % accum
-            window_len = min(accum, n - window_start)
-            boundary = i == window_start + window_len - 1
-            self._micro_step(batch, window_len, boundary)
-            bar.update(1)
-            if not boundary:
-                continue
-            stepped = self._optimizer_step()
-            if (stepped and self.optimizer_steps % self.config.log_every == 0) or i == n - 1:
-                self._log(timer, bar)
-            if self.on_step is not None:
-                self.on_step(self, loader)
-            if self._stop_agreed():
-                bar.close()
-                raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
-        bar.close()
+        try:
+            for i, batch in enumerate(timer.iterate(loader), start=start):
+                window_start = i - i % accum
+                window_len = min(accum, n - window_start)
+                boundary = i == window_start + window_len - 1
+                self._micro_step(batch, window_len, boundary)
+                bar.update(1)
+                if not boundary:
+                    continue
+                stepped = self._optimizer_step()
+                if (stepped and self.optimizer_steps % self.config.log_every == 0) or i == n - 1:
+                    self._log(timer, bar)
+                if self.on_step is not None:
+                    self.on_step(self, loader)
+                if self._stop_agreed():
+                    raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
+        finally:
+            bar.close()  # also on preemption, OOM or a non-finite abort
 
     def _stop_agreed(self) -> bool:
         """True when any rank was asked to stop; every rank gets the same answer, so all stop
