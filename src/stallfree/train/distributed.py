@@ -64,7 +64,13 @@ def gather_objects(local: object, world_size: int) -> list[object]:
     return gathered
 
 
-def cleanup() -> None:
-    """Leave the process group, if joined."""
+def shutdown() -> None:
+    """Leave the process group, if joined: a barrier, then destroy.
+
+    Call it only where every rank arrives (a finished or an agreed-preempted run). The barrier
+    keeps a fast rank from tearing down its gloo/NCCL state while a slow one (rank 0 writing a
+    checkpoint) still talks to it; after a one-rank failure, destroying could deadlock instead.
+    """
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

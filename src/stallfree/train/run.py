@@ -20,7 +20,7 @@ from stallfree.models import build_model
 from stallfree.recipe import Recipe, dump_toml, validate
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.profile import StepProfiler
-from stallfree.train.distributed import cleanup, init_distributed, resolve_device, wrap_model
+from stallfree.train.distributed import init_distributed, resolve_device, shutdown, wrap_model
 from stallfree.train.resume import (StopSignal, check_compatible, find_resume, restore,
                                     training_state)
 from stallfree.train.schedule import build_optimizer, warmup_cosine
@@ -58,6 +58,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     sinks: list[Sink] = open_sinks(run_dir) if dist.rank == 0 else []
     checkpointer = Checkpointer(run_dir / "checkpoints", keep=recipe.train.keep_checkpoints,
                                 rank=dist.rank)
+    all_ranks_here = False  # a finished or agreed-preempted run: safe to leave the group
     try:
         trainer = build_trainer(recipe, len(loaders["train"]), num_classes(recipe, listings["train"]),
                                 device, dist, sinks, progress)
@@ -73,11 +74,17 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         if monitor is not None:
             trainer.record_extras.append(monitor.sample)
         with StepProfiler(run_dir / "profile", profile_steps, device, dist.rank) as profiler:
-            summary = _fit(trainer, loaders, checkpointer, recipe, dist, start_epoch, profiler)
+            try:
+                summary = _fit(trainer, loaders, checkpointer, recipe, dist, start_epoch, profiler)
+            except PreemptedError:
+                all_ranks_here = True
+                raise
+            all_ranks_here = True
     finally:
         for item in (*loaders.values(), *sinks):
             item.close()
-        cleanup()
+        if all_ranks_here:
+            shutdown()
     summary.update(wall_s=time.perf_counter() - started, backend=recipe.loader.backend,
                    device=str(device), world_size=dist.world_size, stallfree_version=__version__,
                    global_batch=recipe.train.batch_size * recipe.train.accum_steps * dist.world_size,
