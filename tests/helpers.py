@@ -8,35 +8,21 @@ from typing import Any
 
 import torch
 
-from stallfree.data.loader import Batch, Loader
+from stallfree.data.loader import Batch, ShardedLoader
+from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, recipe_from_dict
 
 
-class TensorLoader(Loader):
-    """Fixed micro-batches, in order; honours the resume position like a real backend."""
+class TensorLoader(ShardedLoader):
+    """Fixed micro-batches of in-memory tensors, in order, through the real sharded base."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> None:
-        self.batches = [Batch(images[i:i + batch_size], labels[i:i + batch_size])
-                        for i in range(0, len(images), batch_size)]
-        self.epoch, self.position = 0, 0
+        super().__init__(len(images), batch_size=batch_size, dist=DistInfo(), train=False, seed=0)
+        self.images, self.labels = images, labels
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch in self.batches[self.position:]:
-            self.position += 1
-            yield batch
-        self.position = 0
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position = state["epoch"], state["position"]
+        return self._counted(Batch(self.images[ids], self.labels[ids])
+                             for ids in map(torch.from_numpy, self.remaining_ids()))
 
 
 def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:
@@ -48,8 +34,16 @@ def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:
         "optim": {"name": "adamw", "lr": 0.003, "weight_decay": 0.0},
         "train": {"epochs": 1, "batch_size": 8, "precision": "fp32", "log_every": 1,
                   "device": "cpu"},
-        "loader": {"backend": "torch", "workers": 0},
+        "loader": {"backend": "torch", "torch": {"workers": 0}},
     }
     for name, table in sections.items():
-        raw.setdefault(name, {}).update(table)
+        _merge(raw.setdefault(name, {}), table)
     return recipe_from_dict(raw)
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from PIL import Image
 
 from helpers import small_recipe
-from stallfree.bench import BenchConfig, Take, measure_bare_loop, measure_loader, measure_train, run_bench
+from stallfree.bench import (BenchConfig, measure_bare_loop, measure_loader, measure_train,
+                             run_bench, stream)
 from stallfree.bench_report import markdown, ratios, summarise, write_report
 from stallfree.data.demo import write_demo
 from stallfree.data.loader import build_loader
@@ -73,12 +75,19 @@ def test_markdown_without_limit_or_train() -> None:
     assert "| loader | torch | auto | 300 | - |" in text
 
 
-def test_take_continues_across_epochs(image_root: Path) -> None:
+def test_warmup_and_window_share_one_iterator(image_root: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     loader = build_loader(small_recipe(image_root), "train", device=CPU)  # 7 batches an epoch
-    first = [b.labels for b in Take(loader, 5)]
-    second = [b.labels for b in Take(loader, 5)]
-    assert len(first) == len(second) == 5
-    assert loader.state_dict() == {"epoch": 1, "position": 3}
+    iterations = []
+    original = type(loader).__iter__
+    monkeypatch.setattr(type(loader), "__iter__", lambda self: iterations.append(1) or original(self))
+    batches = stream(loader)
+    warmup = list(islice(batches, 5))
+    window = list(islice(batches, 5))
+    assert len(warmup) == len(window) == 5
+    # One iterator per epoch: the timed window did not restart the loader after the warm-up.
+    assert len(iterations) == 2
+    assert (loader.epoch, loader.position) == (1, 3 * 8)
 
 
 def test_measurements_on_tiny_data(image_root: Path) -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from helpers import small_recipe
-from stallfree.data.loader import BACKENDS, BackendError, DistInfo, build_loader, resolve_backend
-from stallfree.data.sharding import epoch_permutation, shard
+from stallfree.data.imageio import BadImageError
+from stallfree.data.loader import build_loader
+from stallfree.data.registry import BACKENDS, BackendError, resolve_backend
+from stallfree.parallel import DistInfo
+from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.data.torch_backend import TorchLoader
 
 BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.dali) if name == "dali" else name
@@ -87,7 +92,7 @@ def test_resume_mid_epoch_yields_the_next_unseen_batch(image_root: Path, backend
 
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_reiterating_after_a_break_continues_the_epoch(image_root: Path, backend: str) -> None:
-    recipe = small_recipe(image_root, loader={"backend": backend, "workers": 1})
+    recipe = small_recipe(image_root, loader={"backend": backend, "torch": {"workers": 1}})
     loader = build_loader(recipe, "train", device=CPU)
     reference = [b.labels for b in loader]
     head = [b.labels for _, b in zip(range(2), loader)]
@@ -98,12 +103,26 @@ def test_reiterating_after_a_break_continues_the_epoch(image_root: Path, backend
         assert torch.equal(got, want)
 
 
-def test_shards_are_disjoint_and_complete() -> None:
+@pytest.mark.parametrize("start", [0, 24, 50])
+def test_train_shards_are_disjoint_equal_and_a_prefix(start: int) -> None:
     order, _ = epoch_permutation(103, seed=5, epoch=2, shuffle=True)
-    parts = [shard(order, r, 4) for r in range(4)]
-    assert all(len(p) == 103 // 4 for p in parts)
-    joined = np.concatenate(parts)
-    assert len(set(joined.tolist())) == len(joined) == 100
+    plans = [ShardPlan(103, 3, r, 4, drop_last=True) for r in range(4)]
+    parts = [list(p.batches(order, start)) for p in plans]
+    assert len({len(p) for p in parts}) == 1  # every rank the same number of batches
+    joined = np.concatenate([b for p in parts for b in p])
+    assert len(set(joined.tolist())) == len(joined) == (103 - start) // 12 * 12
+    # What the ranks have consumed together is always a prefix of the epoch's order.
+    assert set(joined.tolist()) == set(order[start:start + len(joined)].tolist())
+
+
+@pytest.mark.parametrize("n, batch, world", [(30, 8, 1), (30, 8, 2), (31, 4, 3), (5, 8, 4)])
+def test_val_shards_read_every_sample_exactly_once(n: int, batch: int, world: int) -> None:
+    order = np.arange(n)
+    plans = [ShardPlan(n, batch, r, world, drop_last=False) for r in range(world)]
+    ids = [i for p in plans for b in p.batches(order) for i in b.tolist()]
+    assert sorted(ids) == list(range(n))
+    for p in plans:
+        assert p.num_batches() == len(list(p.batches(order)))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -114,14 +133,14 @@ def test_torch_sampler_shards_by_rank(image_root: Path, world_size: int) -> None
     for rank in range(world_size):
         loader = build_loader(recipe, "train", device=CPU, dist=DistInfo(rank, world_size))
         assert isinstance(loader, TorchLoader)
-        ids = [i for batch in loader.sampler for i, _ in batch]
+        ids = [int(i) for batch in loader.remaining_ids() for i in batch]
         lengths.add(len(loader))
         seen.extend(ids)
         loader.close()
     assert len(lengths) == 1
     assert len(seen) == len(set(seen))  # disjoint
-    per_rank_samples = 60 // world_size // 8 * 8
-    assert len(seen) == per_rank_samples * world_size
+    # Whole global batches only: 60 // (8 x world size) of them, each 8 samples a rank.
+    assert len(seen) == 60 // (8 * world_size) * 8 * world_size
 
 
 def test_unknown_backend_lists_the_choices() -> None:
@@ -140,3 +159,44 @@ def test_synthetic_without_data_root() -> None:
     loader = build_loader(recipe, "train", device=CPU)
     assert len(loader) == 5
     assert next(iter(loader)).images.shape == (8, 3, 32, 32)
+
+
+def _root_with_one_bad_file(root: Path, name: str, data: bytes, bad_split: str) -> Path:
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        folder = root / split / "a"
+        folder.mkdir(parents=True)
+        for k in range(6):
+            pixels = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{k}.jpg", quality=90)
+    bad = root / bad_split / "a" / name
+    bad.write_bytes(data)
+    return bad
+
+
+def _truncated_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(1).integers(0, 255, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()[:4000]  # header intact, entropy data cut off
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKEND_PARAMS if b != "synthetic"])
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("kind", ["truncated", "junk_header"])
+def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: str,
+                                         kind: str) -> None:
+    data = _truncated_jpeg() if kind == "truncated" else b"\xff\xd8\xff\xe0 not a jpeg at all"
+    bad = _root_with_one_bad_file(tmp_path, "3.jpg", data, split)
+    recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 2})
+    with pytest.raises(BadImageError) as info:
+        loader = build_loader(recipe, split, device=CPU)
+        try:
+            for epoch in range(3):  # train drops a remainder: a few epochs reach every file
+                loader.set_epoch(epoch)
+                list(loader)
+        finally:
+            loader.close()
+    message = str(info.value)
+    assert str(bad) in message and "\n" not in message and "Traceback" not in message
+    assert info.value.path == str(bad)

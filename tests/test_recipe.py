@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.recipe import (Recipe, RecipeError, apply_overrides, dump_toml, load_recipe,
-                              recipe_from_dict, validate)
+from stallfree.data.dataset import DatasetError, resolve_dataset
+from stallfree.recipe import (DataConfig, Recipe, RecipeError, apply_overrides, dump_toml,
+                              load_recipe, recipe_from_dict, validate)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,21 +55,19 @@ def test_overrides_are_type_checked() -> None:
     ("train.accum_steps=0", "train.accum_steps"),
 ])
 def test_bad_values_fail_validation(tmp_path: Path, override: str, needle: str) -> None:
-    recipe = apply_overrides(Recipe(), [override])
+    # A key's own rule fails when it is set; a rule across keys fails in validate().
     with pytest.raises(RecipeError, match=needle.replace(".", r"\.")):
-        validate(recipe, needs_data=False)
+        validate(apply_overrides(Recipe(), ["data.root=\"x\"", override]))
 
 
 def test_missing_and_empty_data_roots(tmp_path: Path) -> None:
     recipe = Recipe()
-    with pytest.raises(RecipeError, match="data.root is empty"):
+    with pytest.raises(RecipeError, match="data.root, which is empty"):
         validate(recipe)
-    recipe.data.root = str(tmp_path / "nope")
-    with pytest.raises(RecipeError, match="does not exist"):
-        validate(recipe)
-    recipe.data.root = str(tmp_path)
-    with pytest.raises(RecipeError, match="no train/ folder"):
-        validate(recipe)
+    with pytest.raises(DatasetError, match="does not exist"):
+        resolve_dataset(DataConfig(root=str(tmp_path / "nope")))
+    with pytest.raises(DatasetError, match="no train/ folder"):
+        resolve_dataset(DataConfig(root=str(tmp_path)))
 
 
 def test_missing_recipe_file_and_bad_toml(tmp_path: Path) -> None:
@@ -89,5 +88,4 @@ def test_dump_round_trips(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_recipe_loads_and_validates(path: Path) -> None:
-    recipe = load_recipe(path)
-    validate(recipe, needs_data=False)
+    validate(load_recipe(path))

@@ -28,7 +28,7 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
         augment={"image_size": 32, "resize_size": 36, "scale": [0.35, 1.0]},
         optim={"lr": 0.005, "weight_decay": 0.05, "warmup_steps": 10, "label_smoothing": 0.1},
         train={"epochs": 14, "batch_size": 32, "precision": "bf16", "log_every": 5},
-        loader={"workers": 2},
+        loader={"torch": {"workers": 2}},
     )
     summary = train(recipe, tmp_path / "run", progress=False)
     # 10 classes: chance is 0.10; this run measured 0.37.

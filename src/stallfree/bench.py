@@ -15,14 +15,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from itertools import islice
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from stallfree.data.loader import Batch, DistInfo, Loader, build_loader
-from stallfree.metrics import ResourceSampler
+from stallfree.train.precision import cpu_has_native_bf16
+from stallfree.bench_usage import ResourceSampler
+from stallfree.data.dataset import Dataset, resolve_dataset
+from stallfree.data.loader import Batch, Loader, build_loader
+from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import Recipe, recipe_from_dict
 
 # Bench names -> loader backends. torch-naive is a reference, not a product backend.
@@ -52,43 +56,25 @@ class BenchConfig:
             raise ValueError("repeats and batches must be >= 1, warmup >= 0")
 
 
-class Take(Loader):
-    """The next `count` batches of `loader`, continuing across epochs as needed."""
-
-    def __init__(self, loader: Loader, count: int) -> None:
-        self.loader, self.count = loader, count
-
-    def __iter__(self) -> Iterator[Batch]:
-        given = 0
-        while given < self.count:
-            produced = False
-            for batch in self.loader:
-                produced = True
-                yield batch
-                given += 1
-                if given == self.count:
-                    return  # leave the loader mid-epoch: the next Take continues from here
-            if not produced:
-                raise RuntimeError("the loader produced no batches; the dataset is too small")
-            self.loader.set_epoch(self.loader.state_dict()["epoch"] + 1)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def set_epoch(self, epoch: int) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": 0, "position": 0}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+def stream(loader: Loader) -> Iterator[Batch]:
+    """The loader's batches without end, epoch after epoch, through as few iterators as possible:
+    a warm-up and the timed window that follows it share one (a restart rebuilds DALI's
+    pipeline or re-primes DataLoader workers, which is not steady-state cost)."""
+    while True:
+        produced = False
+        for batch in loader:
+            produced = True
+            yield batch
+        if not produced:
+            raise RuntimeError("the loader produced no batches; the dataset is too small")
+        loader.set_epoch(loader.epoch + 1)
 
 
-def _device(recipe: Recipe) -> torch.device:
-    from stallfree.train.distributed import resolve_device
+def resolved(recipe: Recipe) -> tuple[Recipe, torch.device, Dataset | None]:
+    """A copy with `precision = auto` resolved for this machine, its device, and its dataset."""
+    from stallfree.train.run import prepare
 
-    return resolve_device(recipe.train.device, DistInfo())
+    return prepare(recipe, DistInfo())
 
 
 def _sync(device: torch.device) -> None:
@@ -98,15 +84,16 @@ def _sync(device: torch.device) -> None:
 
 def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> dict[str, Any]:
     """Iterate the train loader alone: images/s, CPU cores busy, peak RSS of the process tree."""
-    device = _device(recipe)
-    loader = build_loader(recipe, "train", backend=backend, device=device)
+    recipe, device, dataset = resolved(recipe)
+    loader = build_loader(recipe, "train", backend=backend, device=device, dataset=dataset)
+    batches_in = stream(loader)
     try:
-        for _ in Take(loader, warmup):
+        for _ in islice(batches_in, warmup):
             pass
         _sync(device)
         with ResourceSampler() as usage:
             started = time.perf_counter()
-            for _ in Take(loader, batches):
+            for _ in islice(batches_in, batches):
                 pass
             _sync(device)
             elapsed = time.perf_counter() - started
@@ -118,19 +105,20 @@ def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> d
 
 def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict[str, Any]:
     """The real Trainer on the recipe's model: images/s, data-wait fraction, step time."""
-    from stallfree.train.run import build_trainer
+    from stallfree.train.build import build_trainer
 
-    device = _device(recipe)
-    recipe.train.accum_steps = 1
-    loader = build_loader(recipe, "train", backend=backend, device=device)
-    trainer = build_trainer(recipe, len(loader), _classes(recipe), device,
-                            dist=DistInfo(), sinks=[], progress=False)
+    recipe, device, dataset = resolved(recipe)
+    recipe.train.accum_steps = 1  # one micro-batch per step: step time is comparable across runs
+    loader = build_loader(recipe, "train", backend=backend, device=device, dataset=dataset)
+    # log_every past the window: only the closing log syncs, as in a long run.
+    trainer = build_trainer(recipe, train_batches=len(loader), num_classes=_classes(recipe, dataset),
+                            device=device, progress=False, log_every=warmup + steps + 1)
+    batches_in = stream(loader)
     try:
-        trainer.config.log_every = warmup + steps + 1  # only the epoch-end log: no extra syncs
-        trainer.train_epoch(Take(loader, warmup), 0)
+        trainer.train_batches(islice(batches_in, warmup), warmup)
         trainer.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
         with ResourceSampler() as usage:
-            trainer.train_epoch(Take(loader, steps), 0)
+            trainer.train_batches(islice(batches_in, steps), steps)
     finally:
         loader.close()
     t = trainer.totals
@@ -139,13 +127,11 @@ def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict
             "cpu_cores": usage.cpu_cores, "peak_rss_mb": usage.peak_rss_mb}
 
 
-def _classes(recipe: Recipe) -> int:
-    from stallfree.data.listing import list_split
-    from stallfree.train.run import num_classes
-
-    listing = list_split(recipe.data.root, "train", recipe.data.file_list or None) \
-        if recipe.data.root else None
-    return num_classes(recipe, listing)
+def _classes(recipe: Recipe, dataset: Dataset | None) -> int:
+    """model.num_classes, else the dataset's, else the synthetic count: the run's rule."""
+    if recipe.model.num_classes:
+        return recipe.model.num_classes
+    return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
 def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -153,9 +139,9 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
     from stallfree.models import build_model
     from stallfree.train.precision import PrecisionPolicy
 
-    device = _device(recipe)
+    recipe, device, dataset = resolved(recipe)
     torch.manual_seed(recipe.train.seed)
-    classes = _classes(recipe)
+    classes = _classes(recipe, dataset)
     model = build_model(recipe.model, classes).to(device)
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
@@ -229,7 +215,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "cpu": cpu, "cpu_count": os.cpu_count(), "cores_available": len(os.sched_getaffinity(0)),
+        "cpu": cpu, "cpu_count": os.cpu_count(), "cores_available": cpu_cores(),
+        "cpu_native_bf16": cpu_has_native_bf16(),
         "python": platform.python_version(), "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
@@ -250,9 +237,8 @@ def measure_limit(recipe: Recipe, sample: int = 48) -> dict[str, Any]:
     CPU graph with one thread is timed in its own process when DALI is installed.
     """
     from stallfree.data.augment import train_transform
-    from stallfree.data.listing import list_split
 
-    files = list_split(recipe.data.root, "train", recipe.data.file_list or None).files
+    files = resolve_dataset(recipe.data).splits["train"].files
     picked = files[:: max(1, len(files) // sample)][:sample]
     for path in picked[:4]:  # warm the page cache and the decoder
         train_transform(path, recipe.augment, 0)
@@ -266,11 +252,11 @@ def measure_limit(recipe: Recipe, sample: int = 48) -> dict[str, Any]:
         pass
     else:
         single = recipe_from_dict(recipe.to_dict())
-        single.loader.threads, single.train.batch_size, single.train.device = 1, 16, "cpu"
+        single.loader.dali.threads, single.train.batch_size, single.train.device = 1, 16, "cpu"
         result = run_isolated("loader", single, "dali", warmup=1, batches=max(2, sample // 16))
         if "images_per_s" in result:
             rates["dali"] = result["images_per_s"]
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_cores()
     best = max(rates, key=rates.__getitem__)
     return {"images_per_s": cores * rates[best], "cores": cores, "single_thread": rates,
             "fastest": best}
@@ -296,6 +282,7 @@ def _sweep(backend: str, cfg: BenchConfig) -> list[int | None]:
 def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
+    recipe = resolved(recipe)[0]  # `precision = auto` decided once, here, for every child
     runs = [(mode, backend, knob) for mode in cfg.modes for backend in cfg.backends
             for knob in _sweep(backend, cfg)]
     records: list[dict[str, Any]] = []
@@ -306,7 +293,7 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
         for mode, backend, knob in runs:
             variant = recipe_from_dict(recipe.to_dict())
             if knob is not None:
-                variant.loader.workers = variant.loader.threads = knob
+                variant.loader.torch.workers = variant.loader.dali.threads = knob
             result = run_isolated(mode, variant, BENCH_BACKENDS[backend], cfg.warmup, cfg.batches)
             record = {"backend": backend, "mode": mode, "knob": knob, "repeat": repeat, **result}
             records.append(record)

@@ -9,21 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from stallfree.data.listing import DatasetError
-from stallfree.data.loader import BACKENDS, BackendError
-from stallfree.models import ModelError
+# Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
+from stallfree.data.registry import BACKENDS
+from stallfree.errors import RunDirError, StallfreeError
 from stallfree.recipe import Recipe, RecipeError, apply_overrides, load_recipe
-
-USER_ERRORS: tuple[type[Exception], ...] = (RecipeError, DatasetError, BackendError, ModelError,
-                                            FileNotFoundError)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    # Checkpoint errors live with torch-heavy modules; import them only when a command ran.
-    from stallfree.train.checkpoint import CheckpointError
-    from stallfree.train.resume import ResumeError
-
-    return (*USER_ERRORS, CheckpointError, ResumeError)
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +28,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue from a checkpoint: 'auto' takes the newest one in OUT/checkpoints "
                         "that loads (or starts fresh if there is none)")
     p.add_argument("--force", action="store_true",
-                   help="resume even if global batch, world size, backend or data root changed")
+                   help="resume even if the global batch, backend, data root or model changed")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="trace N optimizer steps after 5 warm-up steps into OUT/profile/ "
                         "(Chrome trace.json and top_ops.txt)")
@@ -108,7 +97,7 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from stallfree.train.resume import PREEMPTED_EXIT_CODE
+    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
     from stallfree.train.run import train  # torch-heavy imports only when training
     from stallfree.train.trainer import PreemptedError
 
@@ -123,9 +112,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = train(recipe, out, progress=not args.no_progress, resume=args.resume,
                         force=args.force, profile_steps=args.profile)
     except PreemptedError as exc:
-        print(f"stallfree: {exc}; checkpoint saved in {out}/checkpoints. Resume with --resume auto "
-              f"(exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
+        code = INTERRUPTED_EXIT_CODE if exc.signal == "SIGINT" else PREEMPTED_EXIT_CODE
+        print(f"stallfree: {exc} ({exc.signal}); checkpoint saved in {out}/checkpoints. Resume "
+              f"with --out {out} --resume auto (exit code {code})", file=sys.stderr)
+        return code
     print(f"{out}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()
                                  if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")))
     return 0
@@ -166,7 +156,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for run in args.runs:
         path = Path(run) / "summary.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found; is {run} a finished run directory?")
+            raise RunDirError(f"{path} not found; is {run} a finished run directory?")
         rows.append((run, json.loads(path.read_text())))
     header = f"{'run':<28} {'loader':<10} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} {'wall s':>8}"
     print(header)
@@ -195,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except _user_errors() as exc:
-        print(f"stallfree: error: {exc}", file=sys.stderr)
-        return 2
+    except StallfreeError as exc:
+        hint = f" ({exc.hint})" if exc.hint else ""
+        print(f"stallfree: error: {exc}{hint}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""Timers and sinks: data-wait accounting, metrics.jsonl, summary.json, optional TensorBoard."""
+"""Timers, monitors and sinks: data-wait accounting, GPU metrics, metrics.jsonl, summary.json,
+optional TensorBoard."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -42,99 +43,37 @@ class StepTimer:
         return wall, wait
 
 
-class ResourceSampler:
-    """CPU cores busy and peak RSS of this process and its children (loader workers), from /proc.
+class GpuMonitor:
+    """GPU utilisation and memory of this rank's device, from NVML through torch.
 
-    A background thread samples every `interval` s; CPU time is read at enter and exit.
+    torch maps the index through CUDA_VISIBLE_DEVICES (NVML alone would measure another GPU on a
+    masked host). NVML refuses some queries (MIG slices): the first failure switches the
+    monitor off with one warning, and training goes on.
     """
 
-    def __init__(self, interval: float = 0.1) -> None:
-        self.interval = interval
-        self.cpu_cores = float("nan")
-        self.peak_rss_mb = float("nan")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ResourceSampler:
-        self._cpu0, self._t0 = _tree_cpu_seconds(), time.perf_counter()
-        self.peak_rss_mb = _tree_rss_mb()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        wall = time.perf_counter() - self._t0
-        self.cpu_cores = (_tree_cpu_seconds() - self._cpu0) / max(wall, 1e-9)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak_rss_mb = max(self.peak_rss_mb, _tree_rss_mb())
-
-
-def _tree_pids(root: int | None = None) -> list[int]:
-    """This process and all its descendants (Linux /proc; just this one elsewhere)."""
-    pids, stack = [], [root or os.getpid()]
-    while stack:
-        pid = stack.pop()
-        pids.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*/children"):
-            try:
-                stack.extend(int(c) for c in task.read_text().split())
-            except OSError:
-                continue
-    return pids
-
-
-def _tree_cpu_seconds() -> float:
-    total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    for pid in _tree_pids():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-def _tree_rss_mb() -> float:
-    total = 0
-    for pid in _tree_pids():
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-                    break
-        except OSError:
-            continue
-    return total / 1024
-
-
-class GpuMonitor:
-    """GPU utilisation and memory from NVML, when the `nvidia-ml-py` package and a GPU exist."""
-
-    def __init__(self, index: int) -> None:
-        import pynvml  # ImportError when absent: the caller skips GPU metrics
-
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.enabled = True
 
     @classmethod
     def maybe(cls, device: Any) -> GpuMonitor | None:
-        """A monitor for a CUDA `device`, or None (CPU, no NVML, no driver)."""
-        if getattr(device, "type", None) != "cuda":
-            return None
-        try:
-            return cls(device.index or 0)
-        except Exception:  # noqa: BLE001 - NVML missing or failing only loses these metrics
-            return None
+        """A monitor for a CUDA `device`, or None (CPU)."""
+        return cls(device) if getattr(device, "type", None) == "cuda" else None
 
     def sample(self) -> dict[str, float]:
-        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-        memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        return {"gpu_util": util.gpu / 100, "gpu_mem_gb": memory.used / 1e9}
+        if not self.enabled:
+            return {}
+        import torch
+
+        try:
+            util = torch.cuda.utilization(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)  # the driver's view, no NVML
+            used = total - free
+        except Exception as exc:  # noqa: BLE001 - NVML missing or unsupported: lose only these metrics
+            self.enabled = False
+            warnings.warn(f"GPU metrics off: {type(exc).__name__}: {exc}", stacklevel=2)
+            return {}
+        return {"gpu_util": util / 100, "gpu_mem_gb": used / 1e9}
 
 
 class Sink(Protocol):
@@ -146,13 +85,19 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON object per line and flushes, so a crash loses at most one record."""
+    """Appends one JSON object per line and flushes, so a crash loses at most one record.
+
+    `records` counts the lines in the file, so a checkpoint can say how many it has seen.
+    """
 
     def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        self.records = len(path.read_text().splitlines()) if path.exists() else 0
         self.file = open(path, "a", buffering=1)  # noqa: SIM115 - closed by close()
 
     def write(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+        self.records += 1
 
     def close(self) -> None:
         self.file.close()
@@ -176,7 +121,7 @@ class TensorBoardSink:
         self.writer.close()
 
 
-def open_sinks(run_dir: Path, tensorboard: bool = True) -> list[Sink]:
+def open_sinks(run_dir: Path, tensorboard: bool = True) -> list[JsonlSink | Sink]:
     """metrics.jsonl always; TensorBoard when the package is importable."""
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if tensorboard:

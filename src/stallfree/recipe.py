@@ -1,34 +1,57 @@
-"""Recipes: typed dataclasses loaded from TOML, with type-checked `section.key=value` overrides."""
+"""Recipes: typed dataclasses loaded from TOML, with type-checked `section.key=value` overrides.
+
+Allowed values live on the fields (`Literal[...]`, `field(metadata={"min": ...})`) and are
+checked when a value is set, so a TOML key and a `--set` override meet the same rules.
+"""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import tomllib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import tomli_w
+
+from stallfree.errors import StallfreeError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (NVIDIA containers of 2024): the same parser, packaged as tomli
+    import tomli as tomllib
 
 
-class RecipeError(ValueError):
+class RecipeError(StallfreeError, ValueError):
     """A recipe that cannot be used; the message names the key or path and the fix."""
+
+
+def _at_least(low: float) -> dict[str, float]:
+    return {"min": low}
+
+
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+DEFAULT_MAX_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     root: str = ""
     file_list: str = ""
+    # Images over this many pixels are refused before decoding (decompression bombs).
+    max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_at_least(1))
     # Used by the synthetic backend when there is no data root.
-    synthetic_samples: int = 1024
-    synthetic_classes: int = 10
+    synthetic_samples: int = field(default=1024, metadata=_at_least(1))
+    synthetic_classes: int = field(default=10, metadata=_at_least(1))
 
 
 @dataclass(kw_only=True, slots=True)
 class AugmentConfig:
-    image_size: int = 224
-    resize_size: int = 256
+    image_size: int = field(default=224, metadata=_at_least(1))
+    resize_size: int = field(default=256, metadata=_at_least(1))
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 4.0 / 3.0])
     hflip: float = 0.5
@@ -39,46 +62,63 @@ class AugmentConfig:
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     name: str = "resnet50"
-    num_classes: int = 0  # 0: inferred from the data
+    num_classes: int = field(default=0, metadata=_at_least(0))  # 0: inferred from the data
     zero_init_residual: bool = True
 
 
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
-    name: str = "sgd"
-    lr: float = 0.1
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = field(default=0.1, metadata=_at_least(0))
     momentum: float = 0.9
-    weight_decay: float = 5e-5
-    warmup_steps: int = 0
+    weight_decay: float = field(default=5e-5, metadata=_at_least(0))
+    warmup_steps: int = field(default=0, metadata=_at_least(0))
     min_lr_frac: float = 0.0
     label_smoothing: float = 0.0
 
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    epochs: int = 1
-    batch_size: int = 64
-    accum_steps: int = 1
-    precision: str = "bf16"
-    max_grad_norm: float = 0.0  # 0: no clipping
+    epochs: int = field(default=1, metadata=_at_least(1))
+    batch_size: int = field(default=64, metadata=_at_least(1))  # per rank, per micro-step
+    accum_steps: int = field(default=1, metadata=_at_least(1))
+    # auto: what the device runs natively (see train/precision.py); resolved once at start.
+    precision: Precision = "auto"
+    max_grad_norm: float = field(default=0.0, metadata=_at_least(0))  # 0: no clipping
     seed: int = 0
-    log_every: int = 20
+    log_every: int = field(default=20, metadata=_at_least(1))
     channels_last: bool = False
-    max_nonfinite_steps: int = 10
-    device: str = "auto"  # auto | cpu | cuda
-    ckpt_every_steps: int = 0  # 0: checkpoint at epoch ends only
-    keep_checkpoints: int = 3
+    max_nonfinite_steps: int = field(default=10, metadata=_at_least(1))
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only
+    # >= 2: a crash in the middle of a save must leave one good checkpoint.
+    keep_checkpoints: int = field(default=3, metadata=_at_least(2))
+
+
+@dataclass(kw_only=True, slots=True)
+class TorchLoaderConfig:
+    """`[loader.torch]`: the DataLoader backend's own keys."""
+
+    workers: int = field(default=-1, metadata=_at_least(-1))  # -1: this rank's share of the cores
+
+
+@dataclass(kw_only=True, slots=True)
+class DaliLoaderConfig:
+    """`[loader.dali]`: the DALI backend's own keys."""
+
+    threads: int = field(default=-1, metadata=_at_least(-1))  # -1 or 0: this rank's share
+    device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
+    decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
+    hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder
 
 
 @dataclass(kw_only=True, slots=True)
 class LoaderConfig:
     backend: str = "torch"
-    device: str = "auto"  # dali: where the graph runs; auto = the training device, or cpu
-    workers: int = -1  # torch: -1 derives it from the CPU count
-    threads: int = -1  # dali: -1 derives it from the CPU count
-    prefetch: int = 2
-    dali_decode: str = "auto"  # auto | cpu
-    hw_decoder_load: float = 0.65
+    prefetch: int = field(default=2, metadata=_at_least(1))  # batches queued ahead
+    torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
+    dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
+    plugin: dict[str, Any] = field(default_factory=dict)  # free-form keys for a module:function backend
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,21 +136,36 @@ class Recipe:
         """Plain nested dict, the form written to recipe.toml and into checkpoints."""
         return dataclasses.asdict(self)
 
+    def copy(self) -> Recipe:
+        """An independent deep copy."""
+        return recipe_from_dict(self.to_dict())
 
-_SECTION_TYPES: dict[str, type] = {
-    "data": DataConfig, "augment": AugmentConfig, "model": ModelConfig,
-    "optim": OptimConfig, "train": TrainConfig, "loader": LoaderConfig,
+
+# Keys that moved into a backend's own table: say where, rather than "unknown key".
+_MOVED = {
+    "loader.workers": "loader.torch.workers", "loader.threads": "loader.dali.threads",
+    "loader.device": "loader.dali.device", "loader.dali_decode": "loader.dali.decode",
+    "loader.hw_decoder_load": "loader.dali.hw_decoder_load",
 }
 
 
 def _check_type(value: Any, annotation: Any, where: str) -> Any:
-    """Return `value` coerced to `annotation` (int→float, list→list[float]) or raise RecipeError."""
+    """Return `value` coerced to `annotation` (int->float, list->list[float]) or raise."""
     origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            raise RecipeError(f"{where} = {value!r}; choose one of {', '.join(map(str, choices))}")
+        return value
     if origin is list:
         (item,) = typing.get_args(annotation)
         if not isinstance(value, (list, tuple)):
             raise RecipeError(f"{where}: expected a list, got {value!r}")
         return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecipeError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             try:
@@ -126,24 +181,38 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _set_field(section_obj: Any, section: str, key: str, value: Any, source: str) -> None:
+def _set_field(table: Any, path: str, key: str, value: Any, source: str) -> None:
+    """Set `table.key` (the table at dotted `path`) after checking its type and bounds."""
+    dotted = f"{path}.{key}"
     # get_type_hints resolves the string annotations that `from __future__ import annotations` leaves.
-    hints = typing.get_type_hints(type(section_obj))
+    hints = typing.get_type_hints(type(table))
     if key not in hints:
-        raise RecipeError(
-            f"{source}: unknown key '{section}.{key}'; known keys in [{section}]: {', '.join(hints)}"
-        )
-    setattr(section_obj, key, _check_type(value, hints[key], f"{source}: {section}.{key}"))
+        if dotted in _MOVED:
+            raise RecipeError(f"{source}: '{dotted}' has moved to '{_MOVED[dotted]}'; write it "
+                              f"under [{_MOVED[dotted].rpartition('.')[0]}] instead")
+        known = ", ".join(hints)
+        raise RecipeError(f"{source}: unknown key '{dotted}'; known keys in [{path}]: {known}")
+    annotation = hints[key]
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise RecipeError(f"{source}: [{dotted}] must be a table, got {value!r}")
+        for sub_key, sub_value in value.items():
+            _set_field(getattr(table, key), dotted, sub_key, sub_value, source)
+        return
+    value = _check_type(value, annotation, f"{source}: {dotted}")
+    low = next(f for f in dataclasses.fields(table) if f.name == key).metadata.get("min")
+    if low is not None and value < low:
+        raise RecipeError(f"{source}: {dotted} = {value!r} must be >= {low}")
+    setattr(table, key, value)
 
 
 def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
-    """Build a Recipe from nested dicts, refusing unknown sections, unknown keys and wrong types."""
+    """Build a Recipe from nested dicts, refusing unknown tables and keys, wrong types and values."""
     recipe = Recipe()
     for section, table in raw.items():
-        if section not in _SECTION_TYPES:
-            raise RecipeError(
-                f"{source}: unknown table [{section}]; known tables: {', '.join(_SECTION_TYPES)}"
-            )
+        if section not in Recipe.__dataclass_fields__:
+            raise RecipeError(f"{source}: unknown table [{section}]; known tables: "
+                              f"{', '.join(Recipe.__dataclass_fields__)}")
         if not isinstance(table, dict):
             raise RecipeError(f"{source}: [{section}] must be a table, got {table!r}")
         for key, value in table.items():
@@ -158,60 +227,40 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(f"recipe file {path} does not exist; recipes live in pipelines/*.toml")
     try:
         raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(f"{path}: not valid TOML: {exc}") from exc
     return recipe_from_dict(raw, source=str(path))
 
 
 def _parse_value(text: str) -> Any:
     """Parse an override value as a TOML/Python literal, falling back to a bare string."""
-    lowered = text.strip()
-    if lowered in ("true", "false"):
-        return lowered == "true"
+    stripped = text.strip()
+    if stripped in ("true", "false"):
+        return stripped == "true"
     try:
-        return ast.literal_eval(lowered)
+        return ast.literal_eval(stripped)
     except (ValueError, SyntaxError):
         return text
 
 
 def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
-    """Apply `section.key=value` overrides in order; each is type-checked like the TOML."""
+    """Apply `section.key=value` (or `loader.dali.key=value`) overrides in order."""
     for item in overrides:
         dotted, sep, text = item.partition("=")
-        section, dot, key = dotted.strip().partition(".")
-        if not sep or not dot:
+        *tables, key = dotted.strip().split(".")
+        if not sep or not tables or not key:
             raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. train.epochs=3")
-        if section not in _SECTION_TYPES:
-            raise RecipeError(
-                f"--set {item!r}: unknown table [{section}]; known: {', '.join(_SECTION_TYPES)}"
-            )
-        _set_field(getattr(recipe, section), section, key, _parse_value(text), f"--set {item!r}")
+        source = f"--set {item!r}"
+        nested: Any = _parse_value(text)
+        for name in reversed(tables[1:]):
+            nested, key = {key: nested}, name
+        recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
+        _set_field(getattr(recipe, tables[0]), tables[0], key, nested, source)
     return recipe
 
 
-_CHOICES = {
-    ("train", "precision"): ("bf16", "fp16", "fp32"),
-    ("train", "device"): ("auto", "cpu", "cuda"),
-    ("loader", "device"): ("auto", "cpu"),
-    ("loader", "dali_decode"): ("auto", "cpu"),
-    ("optim", "name"): ("sgd", "adamw"),
-}
-
-
-def validate(recipe: Recipe, *, needs_data: bool = True) -> None:
-    """Check values and paths before any work starts; raise RecipeError naming key and fix."""
-    for (section, key), choices in _CHOICES.items():
-        value = getattr(getattr(recipe, section), key)
-        if value not in choices:
-            raise RecipeError(f"{section}.{key} = {value!r}; choose one of {', '.join(choices)}")
-    positive = [("train", "epochs"), ("train", "batch_size"), ("train", "accum_steps"),
-                ("train", "log_every"), ("augment", "image_size"), ("augment", "resize_size")]
-    for section, key in positive:
-        if getattr(getattr(recipe, section), key) < 1:
-            raise RecipeError(f"{section}.{key} must be >= 1")
-    if recipe.train.keep_checkpoints < 2 or recipe.train.ckpt_every_steps < 0:
-        raise RecipeError("train.keep_checkpoints must be >= 2 (a crash mid-save must leave one "
-                          "good checkpoint) and train.ckpt_every_steps >= 0")
+def validate(recipe: Recipe) -> None:
+    """Rules that span several keys (one key's own rules are checked when it is set)."""
     aug = recipe.augment
     for key in ("scale", "ratio"):
         lo_hi = getattr(aug, key)
@@ -224,42 +273,13 @@ def validate(recipe: Recipe, *, needs_data: bool = True) -> None:
             f"augment.resize_size ({aug.resize_size}) < augment.image_size ({aug.image_size}); "
             "the val center crop needs resize_size >= image_size"
         )
-    if needs_data:
-        _validate_data_root(recipe.data)
-
-
-def _validate_data_root(data: DataConfig) -> None:
-    if not data.root:
-        raise RecipeError("data.root is empty; set it in the recipe or with --set data.root=PATH")
-    root = Path(data.root)
-    if not root.is_dir():
-        hint = " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in str(root) else ""
-        raise RecipeError(f"data.root {root} does not exist{hint}")
-    for split in ("train", "val"):
-        if not (root / split).is_dir():
-            raise RecipeError(
-                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>"
-            )
-    if data.file_list and not Path(data.file_list).is_file():
-        raise RecipeError(f"data.file_list {data.file_list} does not exist")
+    if not 0 <= aug.hflip <= 1:
+        raise RecipeError(f"augment.hflip = {aug.hflip}; a probability in [0, 1]")
+    if recipe.loader.backend != "synthetic" and not recipe.data.root:
+        raise RecipeError(f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
+                          "empty; set it in the recipe or with --set data.root=PATH")
 
 
 def dump_toml(recipe: Recipe) -> str:
-    """Serialise a recipe as TOML (the subset its dataclasses use)."""
-    lines: list[str] = []
-    for section, table in recipe.to_dict().items():
-        lines.append(f"[{section}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
+    """Serialise a recipe as TOML."""
+    return tomli_w.dumps(recipe.to_dict())

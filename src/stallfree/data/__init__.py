@@ -1,7 +1,5 @@
-"""Data: the shared listing, the Loader contract, and one module per backend."""
+"""Data: the resolved dataset, the Loader contract, and one module per backend.
 
-from stallfree.data.listing import DatasetError, Listing, list_split
-from stallfree.data.loader import BACKENDS, Batch, DistInfo, Loader, LoaderSpec, build_loader
-
-__all__ = ["BACKENDS", "Batch", "DatasetError", "DistInfo", "Listing", "Loader", "LoaderSpec",
-           "build_loader", "list_split"]
+Import the submodules directly (`stallfree.data.loader`, `stallfree.data.dataset`); this package
+re-exports nothing, so importing a torch-free part (the registry, the listing) stays torch-free.
+"""

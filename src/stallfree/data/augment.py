@@ -7,8 +7,8 @@ the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val 
 conventions (long side rounded, crop offset rounded half up) follow DALI's, so that the two
 backends agree to a fraction of a grey level rather than differ by a one-pixel shift.
 
-EXIF orientation is applied (DALI's decoders do the same by default), so a photo taken in
-portrait is trained in portrait by both backends.
+Opening and decoding (which files are accepted, 16-bit and alpha handling, EXIF orientation,
+the max_pixels guard) live in `stallfree.data.imageio`, shared with the DALI backend's checks.
 """
 
 from __future__ import annotations
@@ -17,35 +17,13 @@ import math
 import random
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
+from stallfree.data.imageio import DEFAULT_MAX_PIXELS, decode_rgb, open_lazy, open_rgb
 from stallfree.recipe import AugmentConfig
 
-_ORIENTATION_TAG = 0x0112
-_EXIF_FORMATS = ("JPEG", "TIFF", "PNG", "WEBP", "MPO")
-
-
-def open_rgb(path: str) -> Image.Image:
-    """Open an image as 3-channel RGB whatever its mode (L, CMYK, P, RGBA) or file name."""
-    img, orientation = _open(path)
-    return _to_rgb(img, orientation)
-
-
-def _open(path: str) -> tuple[Image.Image, int]:
-    """Lazily open (header only) and read the EXIF orientation."""
-    img = Image.open(path)
-    orientation = img.getexif().get(_ORIENTATION_TAG, 1) if img.format in _EXIF_FORMATS else 1
-    return img, orientation
-
-
-def _to_rgb(img: Image.Image, orientation: int) -> Image.Image:
-    if orientation != 1:
-        img = ImageOps.exif_transpose(img)
-    if img.mode != "RGB":
-        if img.mode == "P" and "transparency" in img.info:
-            img = img.convert("RGBA")  # palette transparency is only honoured via RGBA
-        img = img.convert("RGB")
-    return img
+__all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform",
+           "val_transform"]
 
 
 def random_resized_crop_box(width: int, height: int, scale: list[float], ratio: list[float],
@@ -71,11 +49,16 @@ def random_resized_crop_box(width: int, height: int, scale: list[float], ratio: 
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def train_transform(path: str, aug: AugmentConfig, seed: int) -> np.ndarray:
-    """Decode, random-resized-crop, flip: uint8 HWC array of image_size x image_size."""
+def train_transform(path: str, aug: AugmentConfig, seed: int,
+                    max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode, random-resized-crop, flip: uint8 HWC array of image_size x image_size.
+
+    Raises BadImageError (before any pixel is decoded where the header tells) for a file that
+    is not an image both backends decode alike, or that has more than `max_pixels` pixels.
+    """
     rng = random.Random(seed)
     size = aug.image_size
-    img, orientation = _open(path)
+    img, orientation = open_lazy(path, max_pixels)
     full_w, full_h = (img.height, img.width) if orientation in (5, 6, 7, 8) else img.size
     left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip
@@ -83,7 +66,7 @@ def train_transform(path: str, aug: AugmentConfig, seed: int) -> np.ndarray:
         # DCT-scaled decode (1/2, 1/4, 1/8) to the smallest size whose crop still covers `size`
         # pixels on both axes: pixels that the resize would throw away are never decoded.
         img.draft(None, (math.ceil(full_w * size / crop_w), math.ceil(full_h * size / crop_h)))
-    img = _to_rgb(img, orientation)
+    img = decode_rgb(img, orientation, path)
     sx, sy = img.width / full_w, img.height / full_h
     box = (left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy)
     img = img.resize((size, size), Image.BILINEAR, box=box)
@@ -92,9 +75,13 @@ def train_transform(path: str, aug: AugmentConfig, seed: int) -> np.ndarray:
     return np.asarray(img)
 
 
-def val_transform(path: str, aug: AugmentConfig, seed: int = 0) -> np.ndarray:
-    """Decode, resize the shorter side to resize_size, center crop: uint8 HWC array."""
-    img = open_rgb(path)
+def val_transform(path: str, aug: AugmentConfig, seed: int = 0,
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode, resize the shorter side to resize_size, center crop: uint8 HWC array.
+
+    Raises BadImageError like `train_transform`.
+    """
+    img = open_rgb(path, max_pixels)
     img = img.resize(resized_shape(img.width, img.height, aug.resize_size), Image.BILINEAR)
     size = aug.image_size
     # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).

@@ -1,22 +1,32 @@
 """The `dali` backend: one NVIDIA DALI graph for the GPU (nvJPEG, `mixed`) and the CPU.
 
-The reader gets an explicit, per-epoch file list from the shared listing and sharding, so
-class indices, sample order and `len()` are identical to the torch backend's. The pipeline is
-rebuilt for each epoch with that epoch's order (and with a DALI checkpoint to resume mid-epoch).
+Each rank's reader gets its own explicit file list, cut from the epoch's global order by the
+shared `ShardPlan`, so class indices, sample order and `len()` are identical to the torch
+backend's. The pipeline is rebuilt for each epoch (and on resume: with DALI's own checkpoint when
+the shards are unchanged, else with the list of the samples not yet seen).
+
+Every file's header is checked before training (DALI cannot skip a sample, and nothing else
+would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
+decoded one by one to name the file.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from stallfree.data.loader import BackendError, Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.sharding import epoch_permutation, num_batches
-from stallfree.data.torch_backend import cpu_workers
+from stallfree.data.imageio import BadImageError, check_header
+from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
+from stallfree.data.registry import BackendError
+from stallfree.errors import StallfreeError
+from stallfree.parallel import cpu_workers
 
 try:
     from nvidia.dali import fn, pipeline_def, types
@@ -36,21 +46,23 @@ _GPU_DECODER_HINTS = {
 }
 
 
-class DataPipelineError(RuntimeError):
-    """The DALI pipeline stopped, usually on a corrupt or unreadable file."""
+class DataPipelineError(StallfreeError, RuntimeError):
+    """The DALI pipeline stopped on a file it could not read; the message names it."""
 
 
 @pipeline_def(enable_checkpointing=True)
 def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, decode_device: str,
-                   augment_on_gpu: bool, shard_id: int, num_shards: int) -> tuple[Any, Any]:
+                   augment_on_gpu: bool) -> tuple[Any, Any]:
     """Read, decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"."""
     aug = spec.augment
     size = aug.image_size
-    jpegs, label = fn.readers.file(files=files, labels=labels, shard_id=shard_id,
-                                   num_shards=num_shards, random_shuffle=False,
+    # This rank's own files in order (ShardPlan did the sharding): one shard, no shuffle.
+    jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False,
                                    pad_last_batch=True, name="Reader")
-    hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.hw_decoder_load} \
-        if decode_device == "mixed" else {}
+    # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
+    # it, GPU-decoded pixels would drift from the parity measured on the CPU.
+    hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.dali.hw_decoder_load,
+                                  "jpeg_fancy_upsampling": True} if decode_device == "mixed" else {}
     # Bilinear with antialiasing is what PIL's resize does: the torch backend's interpolation.
     resize = {"interp_type": types.INTERP_LINEAR, "antialias": True}
     if spec.train:
@@ -76,65 +88,97 @@ def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, dec
     return images, label.gpu() if augment_on_gpu else label
 
 
-class DaliLoader(CursorLoader):
+class DaliLoader(ShardedLoader):
     """Adapter over DALIGenericIterator that yields `Batch` and hides DALI's iterator quirks."""
 
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None:
             raise BackendError("the dali backend needs a dataset listing (data.root)")
-        super().__init__()
+        super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
+                         train=spec.train, seed=spec.seed)
         self.spec = spec
-        self.per_rank = len(spec.listing) // spec.dist.world_size
-        self.length = num_batches(self.per_rank, spec.batch_size, drop_last=spec.train)
-        # loader.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
-        gpu = spec.device.type == "cuda" and spec.loader.device != "cpu"
+        opts = spec.loader.dali
+        # loader.dali.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
+        gpu = spec.device.type == "cuda" and opts.device != "cpu"
         self.device_id = (spec.device.index or 0) if gpu else None
-        self.decode_device = "mixed" if gpu and spec.loader.dali_decode == "auto" else "cpu"
+        self.decode_device = "mixed" if gpu and opts.decode == "auto" else "cpu"
         self.augment_on_gpu = gpu
         # DALI needs at least one thread: 0 means "derive it", like -1.
-        self.threads = cpu_workers(spec.loader.threads if spec.loader.threads > 0 else -1,
+        self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
                                    spec.dist.local_world_size)
-        self._iterator: DALIGenericIterator | None = None
-        self._resume_checkpoint: str | None = None
         self._paths = np.array(spec.listing.files)
         self._labels = np.array(spec.listing.labels, dtype=np.int64)
+        self._iterator: DALIGenericIterator | None = None
+        self._files: list[str] = []  # what the live pipeline reads, in order
+        self._list_start = 0  # global position at which that list begins
+        self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
+        self._check_headers()
 
-    def __len__(self) -> int:
-        return self.length
+    def _check_headers(self) -> None:
+        """Refuse oversized or unreadable files before DALI sees them: DALI cannot skip a sample,
+        and a decompression bomb would decode to many GB before any error."""
+        share = self._paths[self.spec.dist.rank::self.spec.dist.world_size].tolist()
+        with ThreadPoolExecutor(self.threads) as pool:
+            for path, error in zip(share, pool.map(self._header_error, share)):
+                if error is not None:
+                    raise error
+
+    def _header_error(self, path: str) -> BadImageError | None:
+        try:
+            check_header(path, self.spec.max_pixels)
+        except BadImageError as exc:
+            return exc
+        return None
 
     def _build(self) -> DALIGenericIterator:
-        """A pipeline over this epoch's order; every rank gets the same list, DALI shards it."""
-        spec, world = self.spec, self.spec.dist.world_size
-        order, _ = epoch_permutation(len(self._paths), seed=spec.seed, epoch=self.cursor.epoch,
-                                     shuffle=spec.train)
-        order = order[:self.per_rank * world]  # equal shards: drop the remainder, as torch does
+        """A pipeline over this rank's remaining files of the epoch (or the whole epoch's, when
+        DALI's own checkpoint is restored: its reader position counts from the epoch start)."""
+        spec = self.spec
+        start = self._list_start if self._checkpoint else self.position
+        ids = np.concatenate(list(self.plan.batches(self.epoch_order()[0], start)))
+        self._files, self._list_start = self._paths[ids].tolist(), start
         pipe = image_pipeline(
-            files=self._paths[order].tolist(), labels=self._labels[order].tolist(), spec=spec,
+            files=self._files, labels=self._labels[ids].tolist(), spec=spec,
             decode_device=self.decode_device, augment_on_gpu=self.augment_on_gpu,
-            shard_id=spec.dist.rank,  # the global rank: local rank would repeat shards per node
-            num_shards=world, batch_size=spec.batch_size, num_threads=self.threads,
-            device_id=self.device_id, seed=_pipeline_seed(spec.seed, self.cursor.epoch, spec.dist.rank),
-            prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._resume_checkpoint,
+            batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
+            seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
+            prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
-        self._resume_checkpoint = None
+        self._checkpoint = None
         policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
         return DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader",
                                    last_batch_policy=policy, auto_reset=False)
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.cursor.position >= self.length:
-            self.cursor.position = 0
+        if self.batches_left() == 0:
+            self._start, self._taken = 0, 0
             return
-        if self.cursor.position and self._resume_checkpoint is None and self._iterator is not None:
+        if self._iterator is not None and self._checkpoint is None:
             # Re-iterated after stopping mid-epoch: continue on the next unseen batch, as the
             # torch backend does, instead of restarting the epoch under a mid-epoch counter.
-            self._resume_checkpoint = self._iterator.checkpoints()[0]
-        self._iterator = self._build()
+            self._checkpoint = self._iterator.checkpoints()[0]
         try:
+            self._iterator = self._build()
             yield from self._counted(self._to_batch(data[0]) for data in self._iterator)
         except RuntimeError as exc:
-            raise _explain(exc) from exc
+            self._close_iterator()
+            if _is_memory_error(exc):
+                raise  # out of memory is not a bad file: the trainer's advice applies
+            # Samples of the live list consumed so far locate the batches in flight.
+            raise self._explain(exc, self.position - self._list_start) from None
+        # Not in a `finally`: a caller that stops mid-epoch keeps the live iterator, whose
+        # checkpoint the next iteration (or state_dict) continues from.
         self._close_iterator()
+
+    def _explain(self, exc: RuntimeError, done: int) -> StallfreeError:
+        """Name the file that stopped the pipeline: decode the batches in flight one by one."""
+        in_flight = (self.spec.loader.prefetch + 2) * self.spec.batch_size
+        first = max(0, done // self.plan.world_size)  # this rank's share of the consumed samples
+        for path in self._files[first:first + in_flight]:
+            reason = probe_decode(path)
+            if reason is not None:
+                return BadImageError(path, f"DALI cannot decode it: {reason}")
+        return DataPipelineError(f"the DALI pipeline stopped: {_first_cause(str(exc))}")
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> Batch:
         images = out["images"]
@@ -146,16 +190,27 @@ class DaliLoader(CursorLoader):
         return Batch(images.to(self.spec.device, non_blocking=True),
                      labels.to(self.spec.device, non_blocking=True))
 
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._close_iterator()  # a pipeline of another epoch's order must not be resumed
+            self._checkpoint = None
+        super().set_epoch(epoch)
+
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = self.cursor.state_dict()
-        if self._iterator is not None and 0 < self.cursor.position < self.length:
+        state = super().state_dict()
+        if self._iterator is not None and 0 < self.batches_left() < len(self):
             # DALI's own checkpoint: reader position and every RNG, as of the last batch yielded.
             state["dali"] = self._iterator.checkpoints()[0]
+            state["dali_list_start"] = self._list_start
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state)
-        self._resume_checkpoint = state.get("dali")
+        super().load_state_dict(state)
+        # DALI's checkpoint holds a reader position inside this rank's file list: it applies
+        # only when the shards are unchanged. Otherwise the list is rebuilt from `position`.
+        usable = "dali" in state and self.same_shards(state)
+        self._checkpoint = state["dali"] if usable else None
+        self._list_start = int(state.get("dali_list_start", 0)) if usable else 0
 
     def _close_iterator(self) -> None:
         self._iterator = None  # drops the pipeline, its threads and buffers
@@ -164,21 +219,60 @@ class DaliLoader(CursorLoader):
         self._close_iterator()
 
 
-def _pipeline_seed(seed: int, epoch: int, rank: int) -> int:
-    # DALI wants a 32-bit-ish non-negative seed; derive it from (seed, epoch, rank).
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0] & 0x7FFFFFFF)
+def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:
+    # DALI wants a 32-bit-ish non-negative seed; derive it from (seed, epoch, rank, start).
+    return int(np.random.SeedSequence([seed, epoch, rank, start]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _explain(exc: RuntimeError) -> DataPipelineError:
-    """Turn a DALI stack trace into an error that names the file and the fix."""
-    text = str(exc)
-    match = re.search(r"(/[^\s'\"\]\[]+\.(?:jpe?g|png|bmp|webp|tiff?|ppm|pgm))", text, re.IGNORECASE)
-    where = f" while reading {match.group(1)}" if match else ""
-    first = next((line.strip() for line in text.splitlines() if "rror" in line), text[:300])
-    return DataPipelineError(
-        f"the DALI pipeline stopped{where}: {first}. A corrupt or unsupported image is the usual "
-        "cause: run the data checker on the dataset, or exclude the file via data.file_list."
-    )
+def _is_memory_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text \
+        or "bad_alloc" in text or "can't allocate" in text or "cudaerrormemoryallocation" in text
+
+
+def _first_cause(text: str) -> str:
+    """The line of a DALI error that says what went wrong, not where in DALI it happened."""
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines() if line.strip()]
+    skip = ("Critical error in pipeline", "Error in CPU operator", "Error in MIXED operator",
+            "Error in GPU operator", "Current pipeline object", "Stacktrace", "which was used",
+            "File ", "encountered:")
+    useful = [line for line in lines if not line.startswith(skip)]
+    return (useful or lines or ["(no message)"])[0][:300]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
+def _probe_pipeline(path: str) -> Any:
+    jpegs, _ = fn.readers.file(files=[path], labels=[0])
+    return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+
+
+def probe_decode(path: str) -> str | None:
+    """None when DALI's CPU decoder reads `path`; else the cause, in one line.
+
+    The decoder writes the real cause ("Premature end of JPEG data") to the process's stderr,
+    not into the exception, so file descriptor 2 is captured while the probe runs.
+    """
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            pipe = _probe_pipeline(path)
+            pipe.build()
+            pipe.run()
+            return None
+        except RuntimeError as exc:
+            error = exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        logged = [line for line in log.read().decode(errors="replace").splitlines()
+                  if "ERROR" in line or "rror" in line]
+    cause = _first_cause(logged[-1]) if logged else _first_cause(str(error))
+    return re.sub(r"^\[ERROR\]\s*(\[\w+\]\s*)?", "", cause)
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -1,21 +1,23 @@
-"""The Loader contract, the backend registry and `build_loader`.
+"""The Loader contract, its sharded base class, and `build_loader`.
 
 The trainer sees only `Batch` and `Loader`; every backend quirk stays inside its adapter.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
-from stallfree.data.listing import Listing, list_split
-from stallfree.data.sharding import EpochCursor
-from stallfree.recipe import AugmentConfig, LoaderConfig, Recipe
+from stallfree.data.dataset import Dataset, Listing, resolve_dataset
+from stallfree.data.registry import BackendError, resolve_backend
+from stallfree.data.sharding import ShardPlan, epoch_permutation
+from stallfree.parallel import DistInfo
+from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe
 
 
 class Batch(NamedTuple):
@@ -23,16 +25,6 @@ class Batch(NamedTuple):
 
     images: torch.Tensor
     labels: torch.Tensor
-
-
-@dataclass(frozen=True, slots=True)
-class DistInfo:
-    """Where this process sits in a (possibly single-process) job."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,16 +41,35 @@ class LoaderSpec:
     device: torch.device
     dtype: torch.dtype
     channels_last: bool
-    dist: DistInfo
+    dist: DistInfo = field(default_factory=DistInfo)
+    max_pixels: int = DEFAULT_MAX_PIXELS
     synthetic_samples: int = 0  # dataset size the synthetic backend pretends when there is no data
 
     @property
     def train(self) -> bool:
         return self.split == "train"
 
+    @property
+    def num_samples(self) -> int:
+        return len(self.listing) if self.listing is not None else self.synthetic_samples
+
 
 class Loader(ABC):
-    """An epoch-aware, resumable, sharded iterable of `Batch`."""
+    """An epoch-aware, resumable, sharded iterable of `Batch`.
+
+    State is (epoch, position): `position` counts samples of the epoch's *global* order that all
+    ranks together have consumed, so it means the same under any micro-batch split or world size.
+    """
+
+    @property
+    @abstractmethod
+    def epoch(self) -> int:
+        """The epoch whose order the next iteration follows."""
+
+    @property
+    @abstractmethod
+    def position(self) -> int:
+        """Samples of this epoch's global order already consumed (by all ranks together)."""
 
     @abstractmethod
     def __iter__(self) -> Iterator[Batch]:
@@ -69,96 +80,109 @@ class Loader(ABC):
         """Batches this rank gets in one whole epoch."""
 
     @abstractmethod
+    def batches_left(self) -> int:
+        """Batches this rank will yield from `position` to the end of the epoch."""
+
+    @abstractmethod
     def set_epoch(self, epoch: int) -> None:
-        """Select the (seed, epoch) shuffle for the next iteration."""
+        """Select the (seed, epoch) shuffle; a different epoch starts at position 0."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Position to resume from: the next unseen batch."""
+        """Resumable state: at least `epoch` and `position`."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a position saved by `state_dict`."""
+        """Restore a state saved by `state_dict`, possibly under another split or world size."""
 
     def close(self) -> None:  # noqa: B027 - optional: loaders without workers have nothing to free
         """Release workers and pipelines."""
 
 
-class CursorLoader(Loader):
-    """A Loader whose resumable state is an `EpochCursor` (epoch, batches already yielded)."""
+class ShardedLoader(Loader):
+    """A Loader over `n` samples cut by a `ShardPlan`; backends only turn sample ids into Batches."""
 
-    def __init__(self) -> None:
-        self.cursor = EpochCursor()
+    def __init__(self, n: int, *, batch_size: int, dist: DistInfo, train: bool, seed: int) -> None:
+        self.plan = ShardPlan(n, batch_size, dist.rank, dist.world_size, drop_last=train)
+        self.shuffle, self.seed = train, seed
+        self._epoch, self._start, self._taken = 0, 0, 0
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        return self.plan.position_after(self._start, self._taken)
+
+    def __len__(self) -> int:
+        return self.plan.num_batches(0)
+
+    def batches_left(self) -> int:
+        return self.plan.num_batches(self.position)
 
     def set_epoch(self, epoch: int) -> None:
-        self.cursor.set_epoch(epoch)
+        # Keep a restored mid-epoch position when the trainer re-announces that same epoch.
+        if epoch != self._epoch:
+            self._epoch, self._start, self._taken = epoch, 0, 0
 
     def state_dict(self) -> dict[str, Any]:
-        return self.cursor.state_dict()
+        return {"epoch": self._epoch, "position": self.position,
+                "batch_size": self.plan.batch_size, "world_size": self.plan.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor.load_state_dict(state)
+        self._epoch, self._start, self._taken = int(state["epoch"]), int(state["position"]), 0
+
+    def same_shards(self, state: dict[str, Any]) -> bool:
+        """True when `state` was saved under this loader's micro-batch size and world size."""
+        return (state.get("batch_size"), state.get("world_size")) == \
+            (self.plan.batch_size, self.plan.world_size)
+
+    def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(order, augmentation seeds) of the current epoch."""
+        return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch,
+                                 shuffle=self.shuffle)
+
+    def remaining_ids(self) -> Iterator[np.ndarray]:
+        """This rank's micro-batches of sample ids from the current position on."""
+        return self.plan.batches(self.epoch_order()[0], self.position)
 
     def _counted(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """Yield `batches`, advancing the cursor; a finished epoch resets it to the start."""
+        """Yield `batches`, advancing the position; a finished epoch goes back to its start."""
+        self._start, self._taken = self.position, 0
         for batch in batches:
-            self.cursor.position += 1
+            self._taken += 1
             yield batch
-        self.cursor.position = 0
-
-
-class BackendError(ValueError):
-    """An unknown backend or one whose optional dependency is missing."""
-
-
-# Built-in backends, imported lazily so that DALI is needed only when chosen.
-BACKENDS: dict[str, str] = {
-    "torch": "stallfree.data.torch_backend:build",
-    "synthetic": "stallfree.data.synthetic:build",
-    "dali": "stallfree.data.dali_backend:build",
-}
-
-
-def resolve_backend(name: str) -> Callable[[LoaderSpec], Loader]:
-    """Look up a registered backend, or a `module:function` plug-in."""
-    target = BACKENDS.get(name, name if ":" in name else None)
-    if target is None:
-        raise BackendError(
-            f"unknown loader backend {name!r}; available: {', '.join(BACKENDS)} "
-            "or a plug-in given as 'module:function'"
-        )
-    module_name, _, func = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise BackendError(f"loader backend {name!r} could not be imported: {exc}") from exc
-    return getattr(module, func)
+        self._start, self._taken = 0, 0
 
 
 def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
     """Images arrive in the autocast dtype on CUDA (half the bytes); float32 on CPU."""
+    if precision == "auto":
+        raise ValueError("resolve train.precision before building loaders "
+                         "(stallfree.train.precision.resolve_precision)")
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.float32
 
 
-def build_loader(recipe: Recipe, split: str, *, backend: str | None = None,
-                 device: torch.device, dist: DistInfo = DistInfo(),
-                 listing: Listing | None = None) -> Loader:
-    """Build the loader of `split` ("train" or "val") for this rank."""
+def build_loader(recipe: Recipe, split: str, *, device: torch.device,
+                 dist: DistInfo | None = None, dataset: Dataset | None = None,
+                 backend: str | None = None) -> Loader:
+    """Build the loader of `split` ("train" or "val") for this rank from the resolved dataset."""
     backend = backend or recipe.loader.backend
-    if listing is None and recipe.data.root:
-        listing = list_split(recipe.data.root, split, recipe.data.file_list or None)
-    if listing is None and backend != "synthetic":
+    dist = dist or DistInfo()
+    if dataset is None and recipe.data.root:
+        dataset = resolve_dataset(recipe.data)
+    if dataset is None and backend != "synthetic":
         raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
-    num_classes = recipe.model.num_classes or (
-        len(listing.classes) if listing else recipe.data.synthetic_classes
-    )
     spec = LoaderSpec(
-        split=split, listing=listing, num_classes=num_classes, augment=recipe.augment,
-        loader=recipe.loader, batch_size=recipe.train.batch_size, seed=recipe.train.seed,
-        device=device, dtype=loader_dtype(recipe.train.precision, device),
-        channels_last=recipe.train.channels_last, dist=dist,
+        split=split, listing=dataset.splits[split] if dataset else None,
+        num_classes=recipe.model.num_classes or (
+            dataset.num_classes if dataset else recipe.data.synthetic_classes),
+        augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
+        seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
+        channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
         synthetic_samples=recipe.data.synthetic_samples,
     )
     return resolve_backend(backend)(spec)

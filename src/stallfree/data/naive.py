@@ -2,25 +2,25 @@
 
 Full-resolution PIL decode, float `ToTensor` and `Normalize` in the workers, the default
 collate (float32 batches: 4x the bytes of uint8 through shared memory and PCIe), no draft(),
-no device-side normalisation. `stallfree bench` runs it to show what the tuning buys.
+no device-side normalisation. It is the `torch` backend's loader with those three parts
+swapped, so `stallfree bench` shows exactly what the tuning buys.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
-from stallfree.data.augment import open_rgb, random_resized_crop_box, val_transform
-from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.torch_backend import (ImageDataset, ShardedBatchSampler, cpu_workers,
-                                          shutdown_workers)
-from stallfree.recipe import AugmentConfig
+from stallfree.data.augment import random_resized_crop_box, val_transform
+from stallfree.data.imageio import open_rgb
+from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.torch_backend import TorchLoader
+from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig
 
 
 def _to_normalised_tensor(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tensor:
@@ -31,10 +31,11 @@ def _to_normalised_tensor(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tenso
     return (x - mean) / std
 
 
-def naive_train(path: str, aug: AugmentConfig, seed: int) -> torch.Tensor:
+def naive_train(path: str, aug: AugmentConfig, seed: int,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """Decode the whole image, then RandomResizedCrop, flip, ToTensor, Normalize."""
     rng = random.Random(seed)
-    img = open_rgb(path)
+    img = open_rgb(path, max_pixels)
     left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, rng)
     img = img.crop((left, top, left + w, top + h)).resize((aug.image_size,) * 2, Image.BILINEAR)
     if rng.random() < aug.hflip:
@@ -42,40 +43,15 @@ def naive_train(path: str, aug: AugmentConfig, seed: int) -> torch.Tensor:
     return _to_normalised_tensor(np.asarray(img), aug)
 
 
-def naive_val(path: str, aug: AugmentConfig, seed: int = 0) -> torch.Tensor:
-    return _to_normalised_tensor(val_transform(path, aug), aug)
-
-
-class NaiveLoader(CursorLoader):
-    """Float batches from the workers, copied to the device as they are."""
-
-    def __init__(self, spec: LoaderSpec) -> None:
-        if spec.listing is None:
-            raise ValueError("torch-naive needs a dataset listing (data.root)")
-        super().__init__()
-        self.spec = spec
-        self.sampler = ShardedBatchSampler(
-            len(spec.listing), batch_size=spec.batch_size, train=spec.train, seed=spec.seed,
-            rank=spec.dist.rank, world_size=spec.dist.world_size, cursor=self.cursor)
-        workers = cpu_workers(spec.loader.workers, spec.dist.local_world_size)
-        transform = naive_train if spec.train else naive_val
-        self.dataloader = DataLoader(
-            ImageDataset(spec.listing, transform, spec.augment), batch_sampler=self.sampler,
-            num_workers=workers, collate_fn=default_collate, pin_memory=spec.device.type == "cuda",
-            persistent_workers=workers > 0)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self) -> Iterator[Batch]:
-        device, dtype = self.spec.device, self.spec.dtype
-        return self._counted(Batch(images.to(device, dtype), labels.to(device))
-                             for images, labels in self.dataloader)
-
-    def close(self) -> None:
-        shutdown_workers(self.dataloader)
+def naive_val(path: str, aug: AugmentConfig, seed: int = 0,
+              max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    return _to_normalised_tensor(val_transform(path, aug, seed, max_pixels), aug)
 
 
 def build(spec: LoaderSpec) -> Loader:
     """Entry point, used as the plug-in `stallfree.data.naive:build`."""
-    return NaiveLoader(spec)
+    def to_device(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
+        for images, labels in batches:  # float batches copied as they are
+            yield Batch(images.to(spec.device, spec.dtype), labels.to(spec.device))
+
+    return TorchLoader(spec, naive_train if spec.train else naive_val, default_collate, to_device)

@@ -1,10 +1,17 @@
-"""Epoch order shared by every backend: a (seed, epoch) permutation cut into per-rank shards.
+"""Epoch order shared by every backend: one (seed, epoch) permutation, consumed in global batches.
 
-Both real backends read their samples from here, so that for the same recipe and world size
-they see the same samples in the same order, and `len()` agrees.
+Global batch i of an epoch is the slice [start + i*B*W, start + (i+1)*B*W) of the permutation,
+and rank r's micro-batch is its r-th slice of B samples. So after any number of steps the
+samples consumed are a *prefix* of the epoch's order, whatever the micro-batch split or world
+size: a run can resume at a step boundary with another split, or another world size, and
+continue on the next unseen sample. Both real backends read their samples from here, so for
+the same recipe and world size they see the same samples in the same order, and `len()` agrees.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,37 +28,51 @@ def epoch_permutation(n: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[
     return order, aug_seeds
 
 
-def shard(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """Contiguous shard `rank` of `world_size`, equal sizes, remainder dropped.
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """How one rank cuts an epoch's global order into micro-batches.
 
-    Contiguous, because DALI's `readers.file` shards that way: shard i reads
-    [i*N/W, (i+1)*N/W). Handing it a list of exactly W*(N//W) files makes its shards ours.
+    `drop_last` (training): only whole global batches; the last < B*W samples of the epoch are
+    dropped, so every rank gets the same number of batches. Without it (validation), the tail is
+    split into `world_size` near-equal contiguous chunks: every sample is read exactly once
+    across ranks, and ranks may differ by one batch.
     """
-    per_rank = len(order) // world_size
-    return order[rank * per_rank:(rank + 1) * per_rank]
 
+    n: int
+    batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = True
 
-def num_batches(samples_per_rank: int, batch_size: int, drop_last: bool) -> int:
-    """Batches one rank gets per epoch."""
-    if drop_last:
-        return samples_per_rank // batch_size
-    return -(-samples_per_rank // batch_size)
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
 
+    def _tail(self, start: int) -> tuple[int, int]:
+        """(first, length) of this rank's share of the samples after the last whole global batch."""
+        remaining = max(0, self.n - start)
+        tail_start = start + remaining // self.global_batch * self.global_batch
+        if self.drop_last:
+            return tail_start, 0
+        base, extra = divmod(self.n - tail_start, self.world_size)
+        first = tail_start + self.rank * base + min(self.rank, extra)
+        return first, base + (1 if self.rank < extra else 0)
 
-class EpochCursor:
-    """Epoch and position inside it: what a loader needs to resume on the next unseen batch."""
+    def num_batches(self, start: int = 0) -> int:
+        """Batches this rank gets from global sample `start` to the end of the epoch."""
+        whole = max(0, self.n - start) // self.global_batch
+        return whole + (1 if self._tail(start)[1] else 0)
 
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.position = 0  # batches already handed out in `epoch`
+    def batches(self, order: np.ndarray, start: int = 0) -> Iterator[np.ndarray]:
+        """This rank's micro-batches (arrays of sample ids) from global sample `start` on."""
+        whole = max(0, self.n - start) // self.global_batch
+        for i in range(whole):
+            first = start + i * self.global_batch + self.rank * self.batch_size
+            yield order[first:first + self.batch_size]
+        first, length = self._tail(start)
+        if length:
+            yield order[first:first + length]
 
-    def set_epoch(self, epoch: int) -> None:
-        # Keep a restored mid-epoch position when the trainer re-announces that same epoch.
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+    def position_after(self, start: int, batches: int) -> int:
+        """The global sample position once every rank has taken `batches` more micro-batches."""
+        return min(self.n, start + batches * self.global_batch)

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import torch
 
-from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
-from stallfree.data.sharding import num_batches
+from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 
 
-class SyntheticLoader(CursorLoader):
-    """Yields the same device-resident batch; `len` matches the real backends for the same data."""
+class SyntheticLoader(ShardedLoader):
+    """Yields device-resident batches; counts and positions follow the real backends' plan."""
 
     def __init__(self, spec: LoaderSpec) -> None:
-        super().__init__()
-        n = len(spec.listing) if spec.listing is not None else spec.synthetic_samples
-        self.length = num_batches(n // spec.dist.world_size, spec.batch_size, drop_last=spec.train)
+        super().__init__(spec.num_samples, batch_size=spec.batch_size, dist=spec.dist,
+                         train=spec.train, seed=spec.seed)
         # A different batch for val than for train: otherwise "val accuracy" is memorisation.
         split_offset = 0 if spec.train else 1_000_003
         generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank + split_offset)
@@ -28,11 +27,10 @@ class SyntheticLoader(CursorLoader):
             labels.to(spec.device),
         )
 
-    def __len__(self) -> int:
-        return self.length
-
     def __iter__(self) -> Iterator[Batch]:
-        return self._counted(self.batch for _ in range(self.cursor.position, self.length))
+        # Slices of the one batch, so a short last val batch has its true size.
+        return self._counted(Batch(self.batch.images[:len(ids)], self.batch.labels[:len(ids)])
+                             for ids in self.remaining_ids())
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -6,30 +6,32 @@ normalisation on the device in a prefetcher that overlaps the next copy with com
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.listing import Listing
-from stallfree.data.loader import Batch, CursorLoader, Loader, LoaderSpec
+from stallfree.data.imageio import BadImageError
+from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
-from stallfree.data.sharding import EpochCursor, epoch_permutation, num_batches, shard
+from stallfree.data.registry import BackendError
+from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
 
-# (path, augmentation spec, per-sample seed) -> one decoded, augmented sample
-Transform = Callable[[str, AugmentConfig, int], Any]
+# (path, augmentation spec, per-sample seed, max pixels) -> one decoded, augmented sample
+Transform = Callable[[str, AugmentConfig, int, int], Any]
+Collate = Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
 
 
 class ImageDataset(Dataset):
     """Index by (sample id, augmentation seed) so augmentation is independent of worker layout."""
 
-    def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig) -> None:
-        self.samples, self.transform, self.aug = listing.samples, transform, aug
+    def __init__(self, samples: tuple[tuple[str, int], ...], transform: Transform,
+                 aug: AugmentConfig, max_pixels: int) -> None:
+        self.samples, self.transform, self.aug, self.max_pixels = samples, transform, aug, max_pixels
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -38,31 +40,24 @@ class ImageDataset(Dataset):
         index, seed = key
         path, label = self.samples[index]
         try:
-            return self.transform(path, self.aug, seed), label
-        except Exception as exc:  # noqa: BLE001 - any decode failure gets the file name attached
-            raise RuntimeError(
-                f"cannot decode {path}: {exc}. Check the dataset for corrupt files, "
-                "or exclude them with data.file_list"
-            ) from exc
+            return self.transform(path, self.aug, seed, self.max_pixels), label
+        except BadImageError as exc:
+            # Returned, not raised: a raise would reach the user as a worker traceback.
+            return BadSample(exc.path, exc.reason), label
 
 
-class ShardedBatchSampler(Sampler[list[tuple[int, int]]]):
-    """This rank's batches of (sample id, seed) for the cursor's epoch, from its position on."""
+class _LoaderSampler(Sampler[list[tuple[int, int]]]):
+    """The loader's remaining batches as lists of (sample id, augmentation seed)."""
 
-    def __init__(self, n: int, *, batch_size: int, train: bool, seed: int, rank: int,
-                 world_size: int, cursor: EpochCursor) -> None:
-        self.n, self.batch_size, self.train, self.seed = n, batch_size, train, seed
-        self.rank, self.world_size, self.cursor = rank, world_size, cursor
+    def __init__(self, loader: ShardedLoader) -> None:
+        self.loader = loader
 
     def __len__(self) -> int:
-        return num_batches(self.n // self.world_size, self.batch_size, drop_last=self.train)
+        return self.loader.batches_left()
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order, seeds = epoch_permutation(self.n, seed=self.seed, epoch=self.cursor.epoch,
-                                         shuffle=self.train)
-        mine = shard(order, self.rank, self.world_size)
-        for b in range(self.cursor.position, len(self)):
-            ids = mine[b * self.batch_size:(b + 1) * self.batch_size]
+        seeds = self.loader.epoch_order()[1]
+        for ids in self.loader.remaining_ids():
             yield [(int(i), int(seeds[i])) for i in ids]
 
 
@@ -78,14 +73,6 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)
 
 
-def cpu_workers(requested: int, local_world_size: int) -> int:
-    """`requested` when >= 0; else the cores this process may use, shared among the node's ranks."""
-    if requested >= 0:
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(16, cores // max(1, local_world_size)))
-
-
 def shutdown_workers(dataloader: DataLoader) -> None:
     """Stop persistent workers now. Dropping the iterator is not enough when a generator that
     was left mid-epoch still holds it: its workers would die only at interpreter exit."""
@@ -95,40 +82,66 @@ def shutdown_workers(dataloader: DataLoader) -> None:
     dataloader._iterator = None  # noqa: SLF001
 
 
-class TorchLoader(CursorLoader):
-    """DataLoader adapter that yields `Batch` on the device and resumes mid-epoch."""
+class TorchLoader(ShardedLoader):
+    """DataLoader adapter that yields `Batch` on the device and resumes mid-epoch.
 
-    def __init__(self, spec: LoaderSpec, transform: Transform | None = None) -> None:
+    `transform`, `collate` and `to_device` default to the tuned path (uint8 through the workers,
+    normalised on the device); torch-naive passes the textbook ones.
+    """
+
+    def __init__(self, spec: LoaderSpec, transform: Transform | None = None,
+                 collate: Collate = collate_uint8,
+                 to_device: Callable[[Any], Iterator[Batch]] | None = None) -> None:
         if spec.listing is None:
-            raise ValueError("the torch backend needs a dataset listing (data.root)")
-        super().__init__()
-        self.sampler = ShardedBatchSampler(
-            len(spec.listing), batch_size=spec.batch_size, train=spec.train, seed=spec.seed,
-            rank=spec.dist.rank, world_size=spec.dist.world_size, cursor=self.cursor,
-        )
-        workers = cpu_workers(spec.loader.workers, spec.dist.local_world_size)
+            raise BackendError("the torch backend needs a dataset listing (data.root)")
+        super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
+                         train=spec.train, seed=spec.seed)
+        workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
-            ImageDataset(spec.listing, transform, spec.augment),
-            batch_sampler=self.sampler,
+            ImageDataset(spec.listing.samples, transform, spec.augment, spec.max_pixels),
+            batch_sampler=_LoaderSampler(self),
             num_workers=workers,
-            collate_fn=collate_uint8,
+            collate_fn=_Checked(collate),
             pin_memory=spec.device.type == "cuda",
             worker_init_fn=_worker_init if workers > 0 else None,
             persistent_workers=workers > 0,
             prefetch_factor=spec.loader.prefetch if workers > 0 else None,
         )
-        self.prefetcher = DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std,
-                                           spec.dtype, spec.channels_last)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
+        self.to_device = to_device or DevicePrefetcher(
+            spec.device, spec.augment.mean, spec.augment.std, spec.dtype, spec.channels_last)
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._counted(self.prefetcher(self.dataloader))
+        return self._counted(self.to_device(_raise_bad(iter(self.dataloader))))
 
     def close(self) -> None:
         shutdown_workers(self.dataloader)
+
+
+class BadSample(NamedTuple):
+    """A sample a worker could not decode: travels to the main process instead of a traceback."""
+
+    path: str
+    reason: str
+
+
+class _Checked:
+    """Collate that passes the first BadSample of a batch through instead of collating."""
+
+    def __init__(self, collate: Collate) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list[tuple[Any, int]]) -> Any:
+        bad = next((image for image, _ in items if isinstance(image, BadSample)), None)
+        return bad if bad is not None else self.collate(items)
+
+
+def _raise_bad(batches: Iterator[Any]) -> Iterator[Any]:
+    """Raise a worker's decode failure in the main process: one line that names the file."""
+    for batch in batches:
+        if isinstance(batch, BadSample):
+            raise BadImageError(batch.path, batch.reason)
+        yield batch
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from stallfree.errors import StallfreeError
 from stallfree.recipe import ModelConfig
 
 # name -> "module:function"; imported on use.
@@ -18,7 +19,7 @@ MODELS: dict[str, str] = {
 _EXTERNAL = {"timm": "pip install timm", "torchvision": "pip install torchvision"}
 
 
-class ModelError(ValueError):
+class ModelError(StallfreeError, ValueError):
     """Unknown model name or missing optional package."""
 
 

@@ -14,11 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from stallfree.errors import StallfreeError
+
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(StallfreeError, RuntimeError):
     """A checkpoint that cannot be read or used; the message names the file."""
 
 
@@ -46,7 +48,7 @@ class Checkpointer:
         os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
         _write_atomic(self.directory / LATEST, path.name + "\n")
         _fsync_dir(self.directory)
-        self._prune()
+        self._prune(keep_also=path)
         self.last_save_s = time.perf_counter() - started
         return path
 
@@ -55,9 +57,11 @@ class Checkpointer:
         found = [p for p in self.directory.glob("ckpt-*.pt") if _NAME.match(p.name)]
         return sorted(found, key=lambda p: p.name, reverse=True)
 
-    def _prune(self) -> None:
+    def _prune(self, keep_also: Path) -> None:
+        # Never the file just written, even if an older run left higher step numbers here.
         for old in self.paths()[self.keep:]:
-            old.unlink(missing_ok=True)
+            if old != keep_also:
+                old.unlink(missing_ok=True)
 
     def load_latest(self) -> tuple[dict[str, Any], Path] | None:
         """The newest checkpoint that loads; broken ones are reported by name and skipped."""
@@ -88,8 +92,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def rng_state() -> dict[str, Any]:
-    """Python, numpy, torch and CUDA generator states as plain tensors and numbers."""
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Python, numpy, torch and (this rank's device only) CUDA generator states.
+
+    Only `device`'s CUDA state: every visible GPU's would not restore on a host that shows
+    a rank fewer GPUs.
+    """
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
     return {
@@ -97,20 +105,25 @@ def rng_state() -> dict[str, Any]:
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state(device) if _is_cuda(device) else torch.empty(0),
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
+def _is_cuda(device: torch.device | None) -> bool:
+    return device is not None and device.type == "cuda"
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what `rng_state` captured (the CUDA state onto `device`)."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     npy = state["numpy"]
     np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, torch.Tensor) and cuda.numel() and _is_cuda(device):
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def _write_atomic(path: Path, text: str) -> None:

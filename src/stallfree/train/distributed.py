@@ -2,47 +2,61 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stallfree.data.loader import DistInfo
+from stallfree.errors import DeviceError
+from stallfree.parallel import DistInfo
 
 
-def init_distributed(device_type: str) -> DistInfo:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); else a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return DistInfo()
-    info = DistInfo(
-        rank=int(os.environ["RANK"]), world_size=world_size,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-    )
-    if not dist.is_initialized():
-        if device_type == "cuda":
-            torch.cuda.set_device(info.local_rank)
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    return info
+def local_cuda_index(info: DistInfo, visible: int) -> int:
+    """The CUDA device of this rank among the `visible` ones.
+
+    torchrun with 8 GPUs per node: LOCAL_RANK. Slurm's `--gpus-per-task=1` shows each task one
+    GPU (index 0) while LOCAL_RANK still counts the node's tasks: a rank that sees exactly one
+    GPU uses it.
+    """
+    if visible < 1:
+        raise DeviceError("train.device = cuda but no CUDA device is visible; use --device cpu")
+    if info.local_rank < visible:
+        return info.local_rank
+    if visible == 1:
+        return 0
+    raise DeviceError(
+        f"LOCAL_RANK {info.local_rank} has no CUDA device: only {visible} visible "
+        f"(CUDA_VISIBLE_DEVICES); give each rank its own GPU or launch fewer processes per node")
 
 
-def resolve_device(name: str, dist_info: DistInfo) -> torch.device:
-    """`auto` is the local CUDA device when there is one, else the CPU."""
+def resolve_device(name: str, info: DistInfo) -> torch.device:
+    """`auto` is this rank's CUDA device when there is one, else the CPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device = cuda but CUDA is not available; use --device cpu")
-        return torch.device("cuda", dist_info.local_rank)
+            raise DeviceError("train.device = cuda but CUDA is not available here; "
+                              "use --device cpu (or auto)")
+        return torch.device("cuda", local_cuda_index(info, torch.cuda.device_count()))
     return torch.device(name)
 
 
-def wrap_model(model: nn.Module, device: torch.device, dist_info: DistInfo) -> nn.Module:
+def init_distributed(info: DistInfo, device: torch.device) -> None:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    if info.world_size <= 1 or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # device_id binds the group to this GPU, so NCCL connects now rather than at the first
+        # collective, and a misconfigured node fails at start-up.
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+
+
+def wrap_model(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Module:
     """DDP when world_size > 1; the bare model otherwise."""
-    if dist_info.world_size <= 1:
+    if info.world_size <= 1:
         return model
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
@@ -53,6 +67,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) to every rank."""
+    if dist.is_available() and dist.is_initialized():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def gather_objects(local: object, world_size: int) -> list[object]:

@@ -1,4 +1,4 @@
-"""Resume and preemption: what goes into a checkpoint, what must match, and SIGTERM handling."""
+"""Resume and preemption: what goes into a checkpoint, what must match, and the stop signals."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+
 from stallfree import __version__
 from stallfree.data.loader import Loader
+from stallfree.errors import StallfreeError
 from stallfree.recipe import Recipe
 from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state, set_rng_state
 from stallfree.train.distributed import gather_objects
@@ -16,36 +19,48 @@ from stallfree.train.trainer import Trainer
 
 # EX_TEMPFAIL from sysexits.h: "try again later". A scheduler wrapper requeues on this code.
 PREEMPTED_EXIT_CODE = 75
+# 128 + SIGINT, the shell's code for Ctrl-C: a requeue loop stops rather than going again.
+INTERRUPTED_EXIT_CODE = 130
 
 
-class ResumeError(ValueError):
+class ResumeError(StallfreeError, ValueError):
     """A checkpoint whose run differs from this one in a way that changes its meaning."""
 
 
 def training_state(trainer: Trainer, loader_state: dict[str, Any], recipe: Recipe,
-                   world_size: int) -> dict[str, Any]:
+                   world_size: int, device: torch.device, metrics_records: int) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
-    Loader position (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
+    Loader state (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
     every rank's are gathered; model, optimizer and schedule are the same on all ranks.
+    `metrics_records` is how many lines metrics.jsonl held: a resume cuts it back to them.
     """
-    per_rank = gather_objects({"loader": loader_state, "rng": rng_state()}, world_size)
+    per_rank = gather_objects({"loader": loader_state, "rng": rng_state(device)}, world_size)
     return {
         **trainer.state_dict(),
         "ranks": per_rank,
         "epoch": int(loader_state["epoch"]),
+        "metrics_records": metrics_records,
         "recipe": recipe.to_dict(),
         "world_size": world_size,
         "stallfree_version": __version__,
     }
 
 
-def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int) -> int:
-    """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue."""
+def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
+            device: torch.device) -> int:
+    """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue.
+
+    Under another world size the loader continues from the same global sample (positions are
+    counted in samples of the epoch's order); a rank the checkpoint did not have keeps its
+    freshly seeded RNGs.
+    """
     trainer.load_state_dict(state)
-    mine = state["ranks"][rank % len(state["ranks"])]  # modulo only under --force
-    loader.load_state_dict(mine["loader"])
-    set_rng_state(mine["rng"])
+    ranks = state["ranks"]
+    mine = ranks[rank] if rank < len(ranks) else None
+    loader.load_state_dict((mine or ranks[0])["loader"])
+    if mine is not None:
+        set_rng_state(mine["rng"], device)
     return int(state["epoch"])
 
 
@@ -54,7 +69,6 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
     return {
         "global batch (train.batch_size x train.accum_steps x world size)":
             train["batch_size"] * train["accum_steps"] * world_size,
-        "world size": world_size,
         "loader.backend": recipe["loader"]["backend"],
         "data.root": str(Path(recipe["data"]["root"]).resolve()) if recipe["data"]["root"] else "",
         "model.name": recipe["model"]["name"],
@@ -63,7 +77,11 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, path: Path,
                      force: bool = False) -> None:
-    """Refuse to resume a run whose global batch, world size, backend or data differ."""
+    """Refuse to resume a run whose global batch, backend, data or model differ.
+
+    The micro-batch split and the world size may change as long as the global batch stays:
+    positions are samples, so the resumed run continues on the next unseen sample.
+    """
     saved = _semantics(state["recipe"], int(state["world_size"]))
     now = _semantics(recipe.to_dict(), world_size)
     diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}"
@@ -74,23 +92,46 @@ def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, pat
 
 
 def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any], Path] | None:
-    """`auto`: the newest checkpoint that loads (None if there is none); else the given path."""
+    """`auto`: the newest checkpoint that loads (None if there is none); else the given file."""
     if resume == "auto":
         return checkpointer.load_latest()
-    return load_checkpoint(resume), Path(resume)
+    path = Path(resume)
+    if path.is_dir():
+        raise ResumeError(f"--resume {path} is a directory; pass a checkpoint file "
+                          f"({path}/checkpoints/ckpt-<step>.pt) or --resume auto with --out {path}")
+    state = load_checkpoint(path)
+    others = [p for p in checkpointer.paths() if p.resolve() != path.resolve()]
+    if others and path.resolve().parent != checkpointer.directory.resolve():
+        raise ResumeError(f"{checkpointer.directory} already holds another run's checkpoints "
+                          f"({', '.join(p.name for p in others[:3])}); resume into an empty --out")
+    newer = [p.name for p in others if _step(p) > state["counters"]["optimizer_steps"]]
+    if newer:
+        raise ResumeError(f"{checkpointer.directory} holds checkpoints newer than {path.name} "
+                          f"({', '.join(newer)}): resuming would mix two histories; move them "
+                          "away first, or resume into another --out")
+    return state, path
+
+
+def _step(path: Path) -> int:
+    return int(path.stem.split("-")[1])
 
 
 class StopSignal:
-    """Turns SIGTERM and SIGUSR1 into a flag the trainer checks after each optimizer step."""
+    """Turns SIGTERM, SIGUSR1 and a first SIGINT into a flag the trainer checks after a step.
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    A second SIGINT stops at once (KeyboardInterrupt), for a user who does not want to wait.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested: str | None = None  # the name of the first stop signal
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
+        if signum == signal.SIGINT and self.requested == "SIGINT":
+            raise KeyboardInterrupt
+        self.requested = self.requested or signal.Signals(signum).name
 
     def __enter__(self) -> StopSignal:
         for sig in self.SIGNALS:

@@ -1,8 +1,11 @@
-"""`stallfree train`: recipe -> loaders -> model -> Trainer -> run directory and checkpoints."""
+"""`stallfree train`: recipe -> dataset -> loaders -> Trainer -> run directory and checkpoints.
+
+Everything that can fail on bad input (recipe, device, dataset, backend, resume target, output
+directory) is checked before anything is written, so a failed start leaves no half-made run.
+"""
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
@@ -13,18 +16,19 @@ import torch
 from tqdm import tqdm
 
 from stallfree import __version__
-from stallfree.data.listing import Listing, list_split
-from stallfree.data.loader import DistInfo, Loader, build_loader
-from stallfree.metrics import GpuMonitor, Sink, open_sinks, write_json_atomic
-from stallfree.models import build_model
-from stallfree.recipe import Recipe, dump_toml, validate
+from stallfree.data.dataset import Dataset, resolve_dataset
+from stallfree.data.loader import Loader, build_loader
+from stallfree.metrics import GpuMonitor, JsonlSink, Sink, open_sinks, write_json_atomic
+from stallfree.parallel import DistInfo
+from stallfree.recipe import Recipe, RecipeError, dump_toml, validate
+from stallfree.train.build import build_trainer
 from stallfree.train.checkpoint import Checkpointer
+from stallfree.train.distributed import init_distributed, resolve_device, shutdown
+from stallfree.train.precision import resolve_precision
 from stallfree.train.profile import StepProfiler
-from stallfree.train.distributed import init_distributed, resolve_device, shutdown, wrap_model
-from stallfree.train.resume import (StopSignal, check_compatible, find_resume, restore,
-                                    training_state)
-from stallfree.train.schedule import build_optimizer, warmup_cosine
-from stallfree.train.trainer import PreemptedError, Trainer, TrainerConfig
+from stallfree.train.resume import StopSignal, check_compatible, find_resume, restore, training_state
+from stallfree.train.rundir import RunDir
+from stallfree.train.trainer import PreemptedError, Trainer
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -34,128 +38,143 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed)
 
 
+def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Dataset | None]:
+    """Validate the recipe, pick the device, resolve `precision = auto` and the dataset once."""
+    recipe = recipe.copy()
+    validate(recipe)
+    device = resolve_device(recipe.train.device, dist)
+    recipe.train.precision = resolve_precision(recipe.train.precision, device)
+    dataset = resolve_dataset(recipe.data) if recipe.data.root else None
+    return recipe, device, dataset
+
+
+def _check_batches(loader: Loader, recipe: Recipe, dist: DistInfo) -> None:
+    if len(loader) == 0:
+        raise RecipeError(
+            f"train.batch_size {recipe.train.batch_size} x {dist.world_size} rank(s) is more "
+            f"than the training split holds; lower train.batch_size")
+
+
 def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
           resume: str | None = None, force: bool = False, profile_steps: int = 0) -> dict[str, Any]:
     """Run the recipe; write recipe.toml, metrics.jsonl, summary.json and checkpoints/.
 
     `profile_steps` > 0 traces that many optimizer steps after a warm-up into profile/.
-
-    Raises PreemptedError after saving a checkpoint when SIGTERM or SIGUSR1 arrives.
+    Raises PreemptedError after saving a checkpoint when a stop signal arrives.
     """
-    validate(recipe, needs_data=recipe.loader.backend != "synthetic" or bool(recipe.data.root))
     started = time.perf_counter()
-    # The device type picks the process-group backend; the rank then picks the device index.
-    dist = init_distributed(resolve_device(recipe.train.device, DistInfo()).type)
-    device = resolve_device(recipe.train.device, dist)
+    dist = DistInfo.from_env()
+    recipe, device, dataset = prepare(recipe, dist)
+    run = RunDir(out_dir)
+    run.check_writable()
+    checkpointer = Checkpointer(run.checkpoints, keep=recipe.train.keep_checkpoints, rank=dist.rank)
+    found = find_resume(resume, checkpointer) if resume else None
+    if found is None:
+        run.check_fresh_start(resume)
+    else:
+        check_compatible(found[0], recipe, dist.world_size, found[1], force)
     seed_everything(recipe.train.seed, dist.rank)
-    run_dir = Path(out_dir)
-    if dist.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "recipe.toml").write_text(dump_toml(recipe))
-    listings = _listings(recipe)
-    loaders = {s: build_loader(recipe, s, device=device, dist=dist, listing=listings[s])
-               for s in ("train", "val")}
-    sinks: list[Sink] = open_sinks(run_dir) if dist.rank == 0 else []
-    checkpointer = Checkpointer(run_dir / "checkpoints", keep=recipe.train.keep_checkpoints,
-                                rank=dist.rank)
+    init_distributed(dist, device)
+    loaders: dict[str, Loader] = {}
+    sinks: list[Sink] = []
     all_ranks_here = False  # a finished or agreed-preempted run: safe to leave the group
     try:
-        trainer = build_trainer(recipe, len(loaders["train"]), num_classes(recipe, listings["train"]),
-                                device, dist, sinks, progress)
+        for split in ("train", "val"):
+            loaders[split] = build_loader(recipe, split, device=device, dist=dist, dataset=dataset)
+        _check_batches(loaders["train"], recipe, dist)
+        trainer = build_trainer(
+            recipe, train_batches=len(loaders["train"]), device=device, dist=dist,
+            num_classes=recipe.model.num_classes or (
+                dataset.num_classes if dataset else recipe.data.synthetic_classes),
+            progress=progress)
         start_epoch = 0
-        found = find_resume(resume, checkpointer) if resume else None
         if found is not None:
-            state, path = found
-            check_compatible(state, recipe, dist.world_size, path, force)
-            start_epoch = restore(state, trainer, loaders["train"], dist.rank)
-            if progress and dist.rank == 0:
-                tqdm.write(f"resumed from {path} at epoch {start_epoch}, step {trainer.optimizer_steps}")
-        monitor = GpuMonitor.maybe(device)
-        if monitor is not None:
-            trainer.record_extras.append(monitor.sample)
-        with StepProfiler(run_dir / "profile", profile_steps, device, dist.rank) as profiler:
-            try:
-                summary = _fit(trainer, loaders, checkpointer, recipe, dist, start_epoch, profiler)
-            except PreemptedError:
+            start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device)
+            finished = run.finished_summary() if start_epoch >= recipe.train.epochs else None
+            if finished is not None:  # a requeued job that had already finished: nothing to do
                 all_ranks_here = True
-                raise
-            all_ranks_here = True
+                return finished
+        _barrier_after_checks()
+        if dist.rank == 0:
+            run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
+            sinks = open_sinks(run.path)
+            trainer.sinks = sinks
+        _announce(recipe, device, dist, found, start_epoch, trainer, progress)
+        summary = _run(trainer, loaders, checkpointer, run, recipe, dist, device, start_epoch,
+                       profile_steps, sinks)
+        all_ranks_here = True
+    except PreemptedError:
+        all_ranks_here = True
+        raise
     finally:
         for item in (*loaders.values(), *sinks):
             item.close()
         if all_ranks_here:
             shutdown()
     summary.update(wall_s=time.perf_counter() - started, backend=recipe.loader.backend,
-                   device=str(device), world_size=dist.world_size, stallfree_version=__version__,
+                   device=str(device), precision=recipe.train.precision,
+                   world_size=dist.world_size, stallfree_version=__version__,
                    global_batch=recipe.train.batch_size * recipe.train.accum_steps * dist.world_size,
                    checkpoint_save_s=checkpointer.last_save_s)
     if dist.rank == 0:
-        write_json_atomic(run_dir / "summary.json", summary)
+        write_json_atomic(run.path / "summary.json", summary)
     return summary
 
 
-def _fit(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer,
-         recipe: Recipe, dist: DistInfo, start_epoch: int, profiler: StepProfiler) -> dict[str, Any]:
+def _barrier_after_checks() -> None:
+    # No rank writes into the run directory before every rank has finished checking it.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _announce(recipe: Recipe, device: torch.device, dist: DistInfo, found: Any,
+              start_epoch: int, trainer: Trainer, progress: bool) -> None:
+    if dist.rank != 0 or not progress:
+        return
+    tqdm.write(f"stallfree: {recipe.loader.backend} loader, {recipe.model.name}, {device}, "
+               f"precision {recipe.train.precision}, world size {dist.world_size}")
+    if found is not None:
+        tqdm.write(f"resumed from {found[1]} at epoch {start_epoch}, step {trainer.optimizer_steps}")
+
+
+def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
+         recipe: Recipe, dist: DistInfo, device: torch.device, start_epoch: int,
+         profile_steps: int, sinks: list[Sink]) -> dict[str, Any]:
     """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
-    def save(loader_state: dict[str, Any]) -> None:
-        state = training_state(trainer, loader_state, recipe, dist.world_size)
+    records = next((s for s in sinks if isinstance(s, JsonlSink)), None)
+    train_loader = loaders["train"]
+
+    def save() -> None:
+        state = training_state(trainer, train_loader.state_dict(), recipe, dist.world_size,
+                               device, records.records if records else 0)
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
+    monitor = GpuMonitor.maybe(device)
+    if monitor is not None:
+        trainer.record_extras.append(monitor.sample)
+    with StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler, \
+            StopSignal() as stop:
 
-    def on_step(t: Trainer, loader: Loader) -> None:
-        profiler.step()
-        if every and t.optimizer_steps % every == 0:
-            save(loader.state_dict())
+        def on_step(t: Trainer) -> None:
+            profiler.step()
+            if every and t.optimizer_steps % every == 0:
+                save()
 
-    trainer.on_step = on_step
-    # After validation: the next epoch starts from its first batch.
-    trainer.on_epoch_end = lambda t, epoch: save({"epoch": epoch + 1, "position": 0})
-    with StopSignal() as stop:
-        trainer.stop_requested = lambda: stop.requested
+        def on_epoch_end(t: Trainer, epoch: int) -> None:
+            train_loader.set_epoch(epoch + 1)  # the next epoch starts from its first batch
+            save()
+
+        trainer.on_step, trainer.on_epoch_end = on_step, on_epoch_end
+        trainer.stop_requested = lambda: stop.requested is not None
         try:
-            return trainer.fit(loaders["train"], loaders["val"], epochs=recipe.train.epochs,
+            return trainer.fit(train_loader, loaders["val"], epochs=recipe.train.epochs,
                                start_epoch=start_epoch)
-        except PreemptedError:
+        except PreemptedError as exc:
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
-            save(loaders["train"].state_dict())
+            save()
+            exc.signal = stop.requested or "SIGTERM"
+            if dist.rank == 0 and exc.signal != "SIGINT":
+                run.mark_preempted({"signal": exc.signal, "step": trainer.optimizer_steps,
+                                    "checkpoint": str(checkpointer.paths()[0])})
             raise
-
-
-def build_trainer(recipe: Recipe, train_batches: int, num_classes: int, device: torch.device,
-                  dist: DistInfo, sinks: list[Sink], progress: bool = True) -> Trainer:
-    """Model, optimizer and schedule from the recipe, wrapped in a Trainer."""
-    model = build_model(recipe.model, num_classes).to(device)
-    if recipe.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = wrap_model(model, device, dist)
-    opt = recipe.optim
-    optimizer = build_optimizer(model, opt.name, lr=opt.lr, momentum=opt.momentum,
-                                weight_decay=opt.weight_decay)
-    steps_per_epoch = math.ceil(train_batches / recipe.train.accum_steps)
-    scheduler = warmup_cosine(optimizer, total_steps=recipe.train.epochs * steps_per_epoch,
-                              warmup_steps=opt.warmup_steps, min_lr_frac=opt.min_lr_frac)
-    return Trainer(model, optimizer, scheduler, config=trainer_config(recipe, progress),
-                   device=device, sinks=sinks, dist=dist)
-
-
-def trainer_config(recipe: Recipe, progress: bool = True) -> TrainerConfig:
-    """The Trainer's slice of the recipe."""
-    t = recipe.train
-    return TrainerConfig(precision=t.precision, accum_steps=t.accum_steps,
-                         max_grad_norm=t.max_grad_norm, log_every=t.log_every,
-                         max_nonfinite_steps=t.max_nonfinite_steps,
-                         label_smoothing=recipe.optim.label_smoothing, progress=progress)
-
-
-def _listings(recipe: Recipe) -> dict[str, Listing | None]:
-    if not recipe.data.root:
-        return {"train": None, "val": None}
-    return {s: list_split(recipe.data.root, s, recipe.data.file_list or None) for s in ("train", "val")}
-
-
-def num_classes(recipe: Recipe, train_listing: Listing | None) -> int:
-    """model.num_classes, else the class folders of the training split, else the synthetic count."""
-    if recipe.model.num_classes:
-        return recipe.model.num_classes
-    return len(train_listing.classes) if train_listing else recipe.data.synthetic_classes

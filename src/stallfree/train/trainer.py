@@ -1,13 +1,16 @@
 """The step loop: autocast, backward (no_sync), unscale, clip, step, schedule.
 
-Host syncs: none per micro-step. One per optimizer step (the finite check: GradScaler's own
-step does the same for fp16), and one per log interval to read the device-side loss sum.
+Host syncs: none per micro-step. One per optimizer step, in every precision: the finite check
+of the gradient norm decides whether the step happens (fp16 too: the optimizer is stepped
+directly rather than through GradScaler.step, which would sync again on its own inf check).
+One per log interval to read the device-side loss sum; under DDP one small all-reduce every
+`stop_check_every` steps so that all ranks agree on a requested stop.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +18,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from stallfree.data.loader import Batch, DistInfo, Loader
+from stallfree.data.loader import Batch, Loader
+from stallfree.errors import StallfreeError
 from stallfree.metrics import Sink, StepTimer
-from stallfree.train.distributed import all_reduce_sum
+from stallfree.parallel import DistInfo
+from stallfree.train.distributed import all_reduce_sum, broadcast_buffers
 from stallfree.train.precision import PrecisionPolicy
 
 
@@ -25,16 +30,18 @@ from stallfree.train.precision import PrecisionPolicy
 _OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(StallfreeError, RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
-class MicroBatchOOMError(RuntimeError):
+class MicroBatchOOMError(StallfreeError, RuntimeError):
     """The device ran out of memory on one micro-batch."""
 
 
 class PreemptedError(Exception):
-    """A stop was requested (SIGTERM/SIGUSR1); raised right after an optimizer step."""
+    """A stop was requested (SIGTERM, SIGUSR1 or SIGINT); raised right after an optimizer step."""
+
+    signal = "SIGTERM"  # which one; set by the run, which owns the signal handlers
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,6 +53,9 @@ class TrainerConfig:
     max_nonfinite_steps: int = 10
     label_smoothing: float = 0.0
     progress: bool = True
+    # Under DDP the stop flag costs an all-reduce; checking every few steps keeps it off the
+    # step's critical path while a stop still comes within seconds of the signal.
+    stop_check_every: int = 10
 
 
 @dataclass(slots=True)
@@ -68,7 +78,7 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist
         # Hooks for the run: periodic checkpoints, epoch-end checkpoints, preemption.
-        self.on_step: Callable[[Trainer, Loader], None] | None = None
+        self.on_step: Callable[[Trainer], None] | None = None
         self.on_epoch_end: Callable[[Trainer, int], None] | None = None
         self.stop_requested: Callable[[], bool] = lambda: False
         # Extra fields for each log record, e.g. GPU utilisation from NVML.
@@ -80,6 +90,7 @@ class Trainer:
         self.optimizer_steps = 0  # steps that happened; the schedule's clock
         self.skipped_steps = 0
         self._nonfinite_in_row = 0
+        self._step_lr = 0.0  # the LR the last optimizer step used (what a log record reports)
         self._window = self._new_window()
         self.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
 
@@ -111,16 +122,13 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if self.policy.needs_scaler:
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # skips internally on inf/NaN gradients
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale_before  # a skip lowers the scale
-        else:
-            stepped = bool(torch.isfinite(grad_norm))  # the one host sync per optimizer step
-            if stepped:
-                self.optimizer.step()
-            self._count_nonfinite(stepped)
+        # The one host sync per optimizer step. A non-finite norm means an inf/NaN gradient,
+        # which is exactly when GradScaler would skip, so one test serves every precision.
+        stepped = bool(torch.isfinite(grad_norm))
+        self._step_lr = self.optimizer.param_groups[0]["lr"]
+        if stepped:
+            self.optimizer.step()  # gradients are already unscaled
+        self.scaler.update()  # fp16: lowers the scale after an overflow; a no-op otherwise
         self.optimizer.zero_grad(set_to_none=True)
         if stepped:
             self.optimizer_steps += 1
@@ -130,6 +138,7 @@ class Trainer:
             self._window.steps += 1
         else:
             self.skipped_steps += 1
+        self._count_nonfinite(stepped)
         return stepped
 
     def _count_nonfinite(self, finite: bool) -> None:
@@ -137,45 +146,62 @@ class Trainer:
         if self._nonfinite_in_row >= self.config.max_nonfinite_steps:
             raise NonFiniteLossError(
                 f"{self._nonfinite_in_row} optimizer steps in a row had a non-finite loss or "
-                f"gradient (at step {self.optimizer_steps}, epoch {self.epoch}). Lower optim.lr, "
-                "set train.max_grad_norm, or check the data for corrupt inputs."
+                f"gradient and were skipped (after step {self.optimizer_steps}, epoch "
+                f"{self.epoch}; {self.skipped_steps} skipped in all). Lower optim.lr, set "
+                "train.max_grad_norm, use train.precision=bf16, or check the data."
             )
 
     # ---- epochs -----------------------------------------------------------------------------
     def train_epoch(self, loader: Loader, epoch: int) -> None:
         """One pass over this rank's remaining batches of `epoch`."""
         self.epoch = epoch
+        self.train_batches(loader, loader.batches_left(), total=len(loader))
+
+    def train_batches(self, batches: Iterable[Batch], count: int, *, total: int = 0) -> None:
+        """Train on the `count` micro-batches that `batches` yields, `accum_steps` per step.
+
+        Windows count from where this pass starts, which is an optimizer-step boundary
+        (checkpoints are taken there), so a resumed pass forms the same windows as an
+        uninterrupted one; the last window may be shorter and is stepped with its true length.
+        """
         self.model.train()
-        n, accum = len(loader), self.config.accum_steps
-        start = int(loader.state_dict().get("position", 0))
+        accum = self.config.accum_steps
         timer = StepTimer()
-        bar = tqdm(total=n, initial=start, desc=f"epoch {epoch}", unit="batch", leave=False,
-                   disable=not self.config.progress or self.dist.rank != 0, dynamic_ncols=True)
+        total = max(total, count)
+        bar = tqdm(total=total, initial=total - count, desc=f"epoch {self.epoch}", unit="batch",
+                   leave=False, dynamic_ncols=True,
+                   disable=not self.config.progress or self.dist.rank != 0)
+        seen = 0
         try:
-            for i, batch in enumerate(timer.iterate(loader), start=start):
+            for i, batch in enumerate(timer.iterate(batches)):
+                seen = i + 1
                 window_start = i - i % accum
-                window_len = min(accum, n - window_start)
+                window_len = min(accum, count - window_start)
                 boundary = i == window_start + window_len - 1
                 self._micro_step(batch, window_len, boundary)
                 bar.update(1)
                 if not boundary:
                     continue
                 stepped = self._optimizer_step()
-                if (stepped and self.optimizer_steps % self.config.log_every == 0) or i == n - 1:
+                if (stepped and self.optimizer_steps % self.config.log_every == 0) or seen == count:
                     self._log(timer, bar)
                 if self.on_step is not None:
-                    self.on_step(self, loader)
-                if self._stop_agreed():
+                    self.on_step(self)
+                if self._stop_agreed(last=seen == count):
                     raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
         finally:
             bar.close()  # also on preemption, OOM or a non-finite abort
+        if seen != count:  # a window left open would leak its gradients into the next pass
+            raise RuntimeError(f"the loader yielded {seen} batches where it announced {count}")
 
-    def _stop_agreed(self) -> bool:
+    def _stop_agreed(self, last: bool) -> bool:
         """True when any rank was asked to stop; every rank gets the same answer, so all stop
         after the same optimizer step and none waits forever in a collective."""
         flag = self.stop_requested()
         if self.dist.world_size <= 1:
             return flag
+        if not last and (self.optimizer_steps + self.skipped_steps) % self.config.stop_check_every:
+            return False
         return bool(all_reduce_sum(torch.tensor([float(flag)], device=self.device)).item() > 0)
 
     def _log(self, timer: StepTimer, bar: tqdm) -> None:
@@ -192,7 +218,7 @@ class Trainer:
         self.totals["wait_s"] += wait
         record = {
             "step": self.optimizer_steps, "epoch": self.epoch, "loss": loss,
-            "lr": self.optimizer.param_groups[0]["lr"], "images_per_s": images / max(wall, 1e-9),
+            "lr": self._step_lr, "images_per_s": images / max(wall, 1e-9),
             "data_wait_frac": wait / max(wall, 1e-9), "grad_norm": grad_norm,
             "skipped_steps": self.skipped_steps,
         }
@@ -205,12 +231,19 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, loader: Loader) -> dict[str, float]:
-        """Top-1 and top-5 accuracy over this loader, summed across ranks."""
-        self.model.eval()
+        """Top-1 and top-5 accuracy over this loader, summed across ranks.
+
+        Ranks may hold different numbers of val batches (every sample is read exactly once), so
+        the model runs unwrapped: DDP's forward must not wait for ranks that have finished.
+        """
+        model = getattr(self.model, "module", self.model)
+        if self.dist.world_size > 1:
+            broadcast_buffers(model)  # BatchNorm statistics as checkpointed (rank 0's)
+        model.eval()
         counts = torch.zeros(3, device=self.device)  # top1, top5, samples
         for batch in loader:
             with self.policy.autocast():
-                logits = self.model(batch.images)
+                logits = model(batch.images)
             k = min(5, logits.shape[1])
             top = logits.float().topk(k, dim=1).indices
             hits = top.eq(batch.labels[:, None])
@@ -218,7 +251,8 @@ class Trainer:
             counts[1] += hits.any(dim=1).sum()
             counts[2] += batch.labels.numel()
         top1, top5, total = all_reduce_sum(counts).tolist()
-        return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1)}
+        return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1),
+                "val_samples": int(total)}
 
     def fit(self, train_loader: Loader, val_loader: Loader | None, *, epochs: int,
             start_epoch: int = 0) -> dict[str, Any]:

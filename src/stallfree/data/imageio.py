@@ -1,0 +1,258 @@
+"""Which files are images, and how they open: the one rule for the torch and dali backends.
+
+Both backends must accept the same files and produce the same pixels. NVIDIA DALI's CPU decoder
+(nvImageCodec) is the reference; the formats and pixel modes accepted here are the ones measured
+to decode to the same RGB in DALI and in PIL (see tests/test_decode.py). Everything else is
+refused up front, from the header alone, with a `BadImageError` that names the file and the
+reason, rather than crashing a DALI pipeline mid-epoch or training on wrong pixels.
+
+Pixel rules (DALI's, which the PIL path reproduces):
+  * 16-bit samples become 8-bit as round(v / 257) (exact for 16-bit grey; PIL's own 16-bit RGB
+    reduction truncates instead, at most 1 grey level off).
+  * Alpha and tRNS transparency are ignored: the stored colour values are returned, with no
+    compositing onto a background.
+  * EXIF orientation is applied.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from stallfree.errors import StallfreeError
+
+DEFAULT_MAX_PIXELS: int = 89_478_485  # PIL's default Image.MAX_IMAGE_PIXELS
+
+# PIL format names that DALI's CPU decoder also decodes. Measured: GIF, ICO, TGA, PCX, QOI, DDS,
+# SGI, IM and AVIF fail in DALI. "PPM" covers PBM/PGM/PPM; "MPO" is a multi-picture JPEG
+# (many camera photos) of which both backends decode the first picture.
+ACCEPTED_FORMATS: frozenset[str] = frozenset(
+    {"JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "JPEG2000"}
+)
+
+# File name endings of ACCEPTED_FORMATS, which the dataset listing picks up.
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    ".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
+    ".jp2", ".j2k", ".mpo",
+)
+
+# PIL modes that decode alike in both backends. Absent on purpose: "F" (float: DALI scales
+# 0..1 to 0..255, PIL clips 0..255), "LAB" (DALI differs by ~14 levels), "I;16S" and the
+# premultiplied "RGBa"/"La" (untested, so refused rather than guessed).
+_MODES = frozenset({"1", "L", "P", "RGB", "RGBA", "LA", "CMYK", "YCbCr",
+                    "I;16", "I;16B", "I;16L", "I;16N", "I"})
+_SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+_ORIENTATION_TAG = 0x0112
+_EXIF_FORMATS = frozenset({"JPEG", "TIFF", "PNG", "WEBP", "MPO"})
+_TIFF_BITS_PER_SAMPLE = 258
+# What PIL raises on broken data, besides OSError: bad headers (SyntaxError, ValueError),
+# short reads (EOFError, struct.error) and out-of-range table indices (IndexError).
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError,
+                  Image.DecompressionBombError)
+
+
+class BadImageError(StallfreeError, ValueError):
+    """A file that is not an image both backends decode alike; one line: "path: reason"."""
+
+    hint = "replace or remove the file, or leave it out with a data.file_list"
+
+    def __init__(self, path: str, reason: str = "") -> None:
+        # `reason` has a default so that `BadImageError(message)` works too: torch's DataLoader
+        # re-raises a worker's exception as `type(exc)(message)`, and would otherwise lose the type.
+        super().__init__(path, reason)
+        self.path = str(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.reason else self.path
+
+
+def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """Validate a file from its header alone (no pixel decode) and return (width, height).
+
+    Raises BadImageError for an empty file, a file PIL cannot identify, a format or pixel mode
+    that the two backends do not decode alike, or more than `max_pixels` pixels.
+    """
+    img = _open_checked(path, max_pixels)
+    size = img.size
+    img.close()
+    return size
+
+
+def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, int]:
+    """Open a checked image header (pixels not decoded yet) and read its EXIF orientation.
+
+    The caller may `draft()` the image before `decode_rgb`, which decodes it.
+    """
+    img = _open_checked(path, max_pixels)
+    try:
+        exif = img.getexif() if img.format in _EXIF_FORMATS else {}
+        orientation = int(exif.get(_ORIENTATION_TAG, 1) or 1)
+    except _DECODE_ERRORS as exc:
+        img.close()
+        raise BadImageError(path, f"unreadable EXIF: {_one_line(exc)}") from exc
+    return img, orientation
+
+
+def decode_rgb(img: Image.Image, orientation: int, path: str) -> Image.Image:
+    """Decode an `open_lazy` image to 8-bit RGB with DALI's rules (see the module docstring).
+
+    Any decode failure (truncated or corrupt data) is raised as BadImageError naming `path`.
+    """
+    try:
+        with _pil_limit_lifted():
+            rgb = ImageOps.exif_transpose(img) if orientation != 1 else img
+            rgb = _to_rgb(rgb)
+            rgb.load()  # decode here, inside the error mapping, even when no conversion was needed
+    except _DECODE_ERRORS as exc:
+        img.close()
+        raise BadImageError(path, f"cannot decode: {_one_line(exc)}") from exc
+    if rgb is not img:
+        img.close()  # release the file now, not at garbage collection
+    return rgb
+
+
+def open_rgb(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Check, open and decode an image as 8-bit RGB, whatever its mode or file name."""
+    img, orientation = open_lazy(path, max_pixels)
+    return decode_rgb(img, orientation, path)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB of the stored colours: alpha and tRNS are dropped, as DALI does."""
+    if img.mode in _SIXTEEN_BIT:
+        # PIL's convert("L"/"RGB") clips 16-bit values at 255 (a white image); DALI rounds v/257
+        # (measured exact over all 65536 values), which (2v + 257) // 514 is in integers.
+        wide = np.clip(np.asarray(img).astype(np.int64), 0, 65535)
+        return Image.fromarray(((wide * 2 + 257) // 514).astype(np.uint8)).convert("RGB")
+    if img.mode == "P" and "transparency" in img.info:
+        # Going through RGBA keeps the palette colours and avoids PIL's warning on P -> RGB.
+        img = img.convert("RGBA")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _open_checked(path: str, max_pixels: int) -> Image.Image:
+    """Lazily open `path` and refuse, from the header, what the backends cannot share."""
+    try:
+        # PIL's own bomb check is lifted so that ours runs, with the size and the setting named.
+        with _pil_limit_lifted():
+            img = Image.open(path)
+    except UnidentifiedImageError as exc:
+        # Only on this (rare) path is the size looked at: no extra stat() for every good file.
+        empty = os.path.getsize(path) == 0
+        reason = "empty file (0 bytes)" if empty else "not an image PIL can identify"
+        raise BadImageError(path, reason) from exc
+    except OSError as exc:
+        if exc.errno is None:  # PIL's own "truncated header" and the like
+            raise BadImageError(path, f"unreadable header: {_one_line(exc)}") from exc
+        raise BadImageError(path, f"cannot read: {exc.strerror or exc}") from exc
+    except _DECODE_ERRORS as exc:
+        raise BadImageError(path, f"unreadable header: {_one_line(exc)}") from exc
+    try:
+        _check_opened(img, path, max_pixels)
+    except BaseException:
+        img.close()
+        raise
+    return img
+
+
+def _check_opened(img: Image.Image, path: str, max_pixels: int) -> None:
+    """Raise BadImageError if the opened header is not something both backends decode alike."""
+    if img.format not in ACCEPTED_FORMATS:
+        raise BadImageError(path, f"{img.format} images are not accepted (DALI cannot decode "
+                                  f"them); accepted: {', '.join(sorted(ACCEPTED_FORMATS))}")
+    width, height = img.size
+    if width * height > max_pixels:
+        raise BadImageError(path, f"{width}x{height} = {width * height} pixels is over "
+                                  f"data.max_pixels ({max_pixels}): a decompression bomb or "
+                                  "an oversized image")
+    reason = _unshared_mode(img, path)
+    if reason:
+        raise BadImageError(path, reason)
+
+
+def _unshared_mode(img: Image.Image, path: str) -> str:
+    """Why this format/mode decodes differently (or not at all) in DALI; "" if it is fine."""
+    fmt, mode = img.format, img.mode
+    if mode not in _MODES or (mode == "I" and fmt not in ("PNG", "PPM")):
+        # "I" is 16-bit from PNG/PGM, but 32-bit from TIFF (which DALI cannot decode).
+        return f"pixel mode {mode} ({fmt}) is not decoded alike by both backends; save as 8-bit"
+    if fmt == "TIFF" and mode == "LA":
+        return "grey+alpha TIFF: DALI decodes it to wrong colours; save as L, RGB or PNG"
+    if fmt == "TIFF" and _TIFF_BITS_PER_SAMPLE not in img.tag_v2:
+        return "TIFF without a BitsPerSample tag: DALI cannot parse it; re-save with compression"
+    if fmt == "PPM" and img.tile:
+        args = img.tile[0][3]  # (rawmode, maxval) when PIL rescales; a bare rawmode otherwise
+        maxval = args[-1] if isinstance(args, tuple) else 255
+        if maxval not in (255, 65535):
+            # PIL scales by maxval; DALI ignores it (a maxval-100 image comes out dark).
+            return f"PNM with maxval {maxval}: only 255 and 65535 decode alike; re-save as 8-bit"
+    if fmt == "WEBP" and "exif" in img.info and _webp_is_lossless(path):
+        return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
+    return ""
+
+
+def _webp_is_lossless(path: str) -> bool:
+    """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
+    with open(path, "rb") as f:
+        f.seek(12)  # "RIFF", size, "WEBP"
+        while header := f.read(8):
+            if len(header) < 8:
+                return False
+            tag, size = header[:4], struct.unpack("<I", header[4:])[0]
+            if tag in (b"VP8L", b"VP8 ", b"ANMF"):
+                return tag == b"VP8L"
+            f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even size
+    return False
+
+
+_lift_lock = threading.Lock()
+_lift_depth = 0
+_saved_limit: int | None = None
+
+
+@contextmanager
+def _pil_limit_lifted() -> Iterator[None]:
+    """Turn PIL's decompression-bomb check off while any thread is inside.
+
+    Ours (max_pixels, from the header) runs instead: it names the size and the setting, and a
+    raised data.max_pixels must not be refused again by PIL's fixed limit. Counted, because
+    threads overlap: the first one in saves PIL's limit, the last one out restores it.
+    """
+    global _lift_depth, _saved_limit
+    with _lift_lock:
+        if _lift_depth == 0:
+            _saved_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        _lift_depth += 1
+    try:
+        yield
+    finally:
+        with _lift_lock:
+            _lift_depth -= 1
+            if _lift_depth == 0:
+                Image.MAX_IMAGE_PIXELS = _saved_limit
+
+
+def _reset_after_fork() -> None:
+    """A forked child (a DataLoader worker) has none of the parent's threads: if one was inside
+    `_pil_limit_lifted` at the fork, restore PIL's limit and start with a fresh, unheld lock."""
+    global _lift_lock, _lift_depth
+    if _lift_depth:
+        Image.MAX_IMAGE_PIXELS = _saved_limit
+    _lift_lock, _lift_depth = threading.Lock(), 0
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, for a reason that ends up in a log line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,21 @@
+"""The one base class of every error a user can cause; the CLI catches it once."""
+
+from __future__ import annotations
+
+
+class StallfreeError(Exception):
+    """A user-facing error: one line that names the file, key or value and the fix.
+
+    The CLI prints it without a traceback and exits with `exit_code`.
+    """
+
+    exit_code = 2
+    hint = ""  # a fix that applies to every error of the class; the CLI prints it after the message
+
+
+class RunDirError(StallfreeError):
+    """An output directory that cannot hold this run (another run's files, not writable)."""
+
+
+class DeviceError(StallfreeError):
+    """A requested device that this machine does not have."""

@@ -1,0 +1,49 @@
+"""Recipe -> model, optimizer, schedule and Trainer: shared by `train` and `bench`."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from stallfree.metrics import Sink
+from stallfree.models import build_model
+from stallfree.parallel import DistInfo
+from stallfree.recipe import Recipe
+from stallfree.train.distributed import wrap_model
+from stallfree.train.schedule import build_optimizer, warmup_cosine
+from stallfree.train.trainer import Trainer, TrainerConfig
+
+
+def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
+    """Optimizer steps in one epoch: the last, shorter window is stepped too."""
+    return math.ceil(train_batches / accum_steps)
+
+
+def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, device: torch.device,
+                  dist: DistInfo | None = None, sinks: list[Sink] | None = None,
+                  progress: bool = True, log_every: int | None = None) -> Trainer:
+    """Model, optimizer and schedule from the recipe (precision already resolved), in a Trainer."""
+    dist = dist or DistInfo()
+    model = build_model(recipe.model, num_classes).to(device)
+    if recipe.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = wrap_model(model, device, dist)
+    opt = recipe.optim
+    optimizer = build_optimizer(model, opt.name, lr=opt.lr, momentum=opt.momentum,
+                                weight_decay=opt.weight_decay)
+    total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
+    if opt.warmup_steps >= total:
+        warnings.warn(f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
+                      "steps: the LR never leaves warmup and never decays; lower warmup_steps",
+                      stacklevel=2)
+    scheduler = warmup_cosine(optimizer, total_steps=total, warmup_steps=opt.warmup_steps,
+                              min_lr_frac=opt.min_lr_frac)
+    t = recipe.train
+    config = TrainerConfig(precision=t.precision, accum_steps=t.accum_steps,
+                           max_grad_norm=t.max_grad_norm, log_every=log_every or t.log_every,
+                           max_nonfinite_steps=t.max_nonfinite_steps,
+                           label_smoothing=opt.label_smoothing, progress=progress)
+    return Trainer(model, optimizer, scheduler, config=config, device=device, sinks=sinks or [],
+                   dist=dist)

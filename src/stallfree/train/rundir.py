@@ -1,0 +1,83 @@
+"""The run directory: one run's recipe, metrics, summary, checkpoints and preemption marker.
+
+A directory belongs to one run. A fresh start never reuses another run's checkpoints or appends
+to its metrics; `--resume` is the only way to continue one, and it first cuts metrics.jsonl back
+to the records that the resumed checkpoint had seen, so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stallfree.errors import RunDirError
+from stallfree.metrics import write_json_atomic
+
+RECIPE, METRICS, SUMMARY = "recipe.toml", "metrics.jsonl", "summary.json"
+CHECKPOINTS = "checkpoints"
+# Written when a run stops on SIGTERM/SIGUSR1 after saving; removed when the next run starts.
+# A requeue loop around torchrun (which exits 1 whatever its workers returned) checks for it.
+PREEMPTED = "preempted.json"
+
+
+class RunDir:
+    """Paths of one run directory and the rules for starting in it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"--out {self.path} is a file; pass a directory for the run")
+        self.checkpoints = self.path / CHECKPOINTS
+
+    def check_writable(self) -> None:
+        """Fail now, not after an epoch, when the directory cannot be created or written."""
+        probe = self.path
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+            raise RunDirError(f"--out {self.path}: cannot write in {probe}; choose another --out")
+
+    def artifacts(self) -> list[Path]:
+        """What an earlier run left here: checkpoints, metrics, summary."""
+        found = sorted(self.checkpoints.glob("ckpt-*.pt")) if self.checkpoints.is_dir() else []
+        return found + [p for p in (self.path / METRICS, self.path / SUMMARY) if p.exists()]
+
+    def check_fresh_start(self, resume: str | None) -> None:
+        """Refuse a fresh start over another run's files (with `--resume auto` and no checkpoint
+        yet, the same run restarts from scratch: its partial metrics are replaced)."""
+        left = self.artifacts()
+        checkpoints = [p for p in left if p.suffix == ".pt"]
+        if resume == "auto" and not checkpoints:
+            return
+        if left:
+            names = ", ".join(p.name for p in left[-4:])
+            what = "checkpoints that do not load" if resume == "auto" else "another run's files"
+            raise RunDirError(
+                f"--out {self.path} holds {what} ({names}); continue that run with "
+                f"--resume auto, or start this one in another --out directory")
+
+    def start(self, recipe_toml: str, metrics_records: int) -> None:
+        """Rank 0, once every check has passed: write the recipe, cut metrics back, clear the marker."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / RECIPE).write_text(recipe_toml)
+        _truncate_lines(self.path / METRICS, metrics_records)
+        (self.path / PREEMPTED).unlink(missing_ok=True)
+
+    def mark_preempted(self, info: dict[str, Any]) -> None:
+        """Leave the marker that a requeue loop looks for."""
+        write_json_atomic(self.path / PREEMPTED, info)
+
+    def finished_summary(self) -> dict[str, Any] | None:
+        """summary.json of a finished run, if there is one."""
+        path = self.path / SUMMARY
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _truncate_lines(path: Path, keep: int) -> None:
+    """Keep the first `keep` lines of `path` (atomically); none -> an empty file."""
+    lines = path.read_text().splitlines(keepends=True)[:keep] if path.exists() and keep else []
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, path)
