@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers import small_recipe
+from stallfree.errors import RunDirError
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import CheckpointError, Checkpointer, load_checkpoint
 from stallfree.train.resume import PREEMPTED_EXIT_CODE, ResumeError
@@ -148,3 +149,65 @@ def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) ->
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["optimizer_steps"] == 8 * 15
+
+
+def test_pruning_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, keep=3)
+    for step in (6, 12, 18):  # higher step numbers than the save below
+        ckpt.save(_state(step), step)
+    ckpt.save(_state(3.0), 3)
+    assert (tmp_path / "ckpt-000000003.pt").exists()
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-000000003.pt"
+
+
+def test_a_fresh_run_never_reuses_another_runs_directory(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, train={"batch_size": 16})
+    train(recipe, tmp_path, progress=False)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirError, match=r"ckpt-000000003\.pt.*--resume auto.*another --out"):
+        train(recipe, tmp_path, progress=False)
+    after = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing deleted
+    # The finished run, requeued: nothing to do, the summary stands.
+    assert train(recipe, tmp_path, progress=False, resume="auto")["optimizer_steps"] == 3
+
+
+def test_resume_cuts_metrics_back_to_the_checkpoint(image_root: Path, tmp_path: Path) -> None:
+    recipe = _resume_recipe(image_root, "torch")
+    full = tmp_path / "full"
+    train(recipe, full, progress=False)
+    run = tmp_path / "run"
+    shutil.copytree(full, run)
+    for later in range(4, 9):  # as if the run died after step 3's checkpoint was written
+        (run / "checkpoints" / f"ckpt-{later:09d}.pt").unlink()
+    train(recipe, run, progress=False, resume="auto")
+
+    def records(path: Path) -> list[tuple]:
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["epoch"], r.get("loss"), r.get("val_top1")) for r in rows]
+
+    assert records(run) == records(full)  # each record once, none lost, none repeated
+
+
+def _resume_split_recipe(root: Path, batch: int, accum: int):
+    return small_recipe(root, train={"epochs": 2, "batch_size": batch, "accum_steps": accum,
+                                     "ckpt_every_steps": 1, "keep_checkpoints": 20})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_with_another_micro_batch_split(image_root: Path, tmp_path: Path,
+                                               backend: str) -> None:
+    # 60 samples, global batch 16: 7 micro-batches of 8 (windows 2,2,2,1) or 15 of 4 (4,4,4,3),
+    # 4 steps an epoch either way. Step 2 has consumed 32 samples; 28 remain: windows 4,3.
+    old = _resume_split_recipe(image_root, 8, 2)
+    old.loader.backend = backend
+    train(old, tmp_path / "a", progress=False)
+    run = tmp_path / "b"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "a" / "checkpoints" / "ckpt-000000002.pt", run / "checkpoints")
+    new = _resume_split_recipe(image_root, 4, 4)
+    new.loader.backend = backend
+    summary = train(new, run, progress=False, resume="auto")
+    assert summary["optimizer_steps"] == 8  # 2 more steps in epoch 0 (not 4: none repeated), 4 in 1
+    state = load_checkpoint(run / "checkpoints" / "ckpt-000000004.pt")
+    assert state["ranks"][0]["loader"]["epoch"] == 1 and state["ranks"][0]["loader"]["position"] == 0

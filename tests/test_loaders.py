@@ -200,3 +200,10 @@ def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: st
     message = str(info.value)
     assert str(bad) in message and "\n" not in message and "Traceback" not in message
     assert info.value.path == str(bad)
+
+
+def test_synthetic_val_counts_its_samples_exactly() -> None:
+    recipe = small_recipe("", loader={"backend": "synthetic"}, data={"synthetic_samples": 180},
+                          train={"batch_size": 64})
+    loader = build_loader(recipe, "val", device=CPU)
+    assert sum(b.labels.numel() for b in loader) == 180

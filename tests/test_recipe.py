@@ -89,3 +89,36 @@ def test_dump_round_trips(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_recipe_loads_and_validates(path: Path) -> None:
     validate(load_recipe(path))
+
+
+def test_python_310_parser_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On Python 3.10 recipe.py reads TOML with tomli, which has tomllib's API."""
+    import importlib.util
+    import sys
+
+    tomli = pytest.importorskip("tomli")
+    import stallfree.recipe as real
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no stdlib tomllib
+    # A private copy of the module, so the real one (and its exception classes) stays untouched.
+    spec = importlib.util.spec_from_file_location("recipe_on_310", real.__file__)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "recipe_on_310", module)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    assert module.tomllib is tomli
+    path = tmp_path / "r.toml"
+    path.write_text('[train]\nepochs = 4\n[loader.dali]\nthreads = 2\n')
+    recipe = module.load_recipe(path)
+    assert recipe.train.epochs == 4 and recipe.loader.dali.threads == 2
+
+
+def test_nested_loader_tables_and_overrides() -> None:
+    recipe = apply_overrides(Recipe(), ["loader.dali.threads=3", "loader.torch.workers=0",
+                                        'loader.dali.decode="cpu"'])
+    assert recipe.loader.dali.threads == 3 and recipe.loader.torch.workers == 0
+    assert recipe.loader.dali.decode == "cpu"
+    with pytest.raises(RecipeError, match=r"loader\.dali\.decode = 'gpu'; choose one of auto, cpu"):
+        apply_overrides(Recipe(), ['loader.dali.decode="gpu"'])
+    with pytest.raises(RecipeError, match="unknown key 'loader.dali.thread'"):
+        apply_overrides(Recipe(), ["loader.dali.thread=3"])

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.demo import write_demo
 from stallfree.recipe import dump_toml, load_recipe
+from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
 
@@ -78,22 +82,132 @@ def test_python_dash_m_entry_point() -> None:
     assert "train" in result.stdout and "data" in result.stdout
 
 
-def test_torchrun_two_cpu_ranks(image_root: Path, tmp_path: Path) -> None:
-    """DDP over gloo: both ranks step together (no_sync windows, gathered checkpoints)."""
-    recipe = small_recipe(image_root, train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1})
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+            "-m", "stallfree", "train", *args, "--no-progress"]
+
+
+def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path,
+                                                              tmp_path: Path) -> None:
+    """1 rank -> 2 ranks (DDP over gloo) at a step boundary; SIGTERM to torchrun leaves the
+    marker that the requeue loop reads; 2 ranks -> 1 rank finishes the run."""
+    # 60 images, global batch 16 (1 rank x 8 x accum 2, or 2 ranks x 4 x 2): 7 global
+    # micro-batches of 8 an epoch (4 dropped), windows 2,2,2,1: 4 steps an epoch either way.
+    one = small_recipe(image_root, train={"epochs": 40, "batch_size": 8, "accum_steps": 2,
+                                          "ckpt_every_steps": 1, "keep_checkpoints": 50})
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(dump_toml(one))
+    run = tmp_path / "run"
+    single = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
+              "--no-progress"]
+    done = subprocess.run(single + ["--epochs", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for late in (3, 4):  # resume from step 2: mid-epoch 0, after 32 of the 60 samples
+        (run / "checkpoints" / f"ckpt-{late:09d}.pt").unlink()
+    (run / "summary.json").unlink()
+    two = _torchrun(str(recipe_path), "--out", str(run), "--resume", "auto",
+                    "--set", "train.batch_size=4")
+    proc = subprocess.Popen(two, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if len(metrics.read_text().splitlines()) >= 8:  # the resumed DDP run is stepping
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler does: torchrun and its workers
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0  # torchrun reports a failure whatever its workers returned...
+    marker = json.loads((run / "preempted.json").read_text())  # ...so the loop reads this
+    state = load_checkpoint(Path(marker["checkpoint"]))
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2, err[-2000:]
+    stopped_at = state["counters"]["optimizer_steps"]
+    assert stopped_at >= 4  # the resumed DDP run finished epoch 0 with 2 steps, as 1 rank would
+
+    epochs = stopped_at // 4 + 2  # finish the epoch it stopped in, and one more
+    back = subprocess.run(single + ["--resume", "auto", "--epochs", str(epochs)],
+                          capture_output=True, text=True, timeout=300)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert not (run / "preempted.json").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["optimizer_steps"] == 4 * epochs
+
+
+def _cli_case(root: Path, tmp_path: Path, case: str) -> tuple[list[str], str]:
+    """(extra CLI arguments, a piece of the one-line error) for a user mistake."""
+    if case == "empty_class":
+        (root / "train" / "zz_empty").mkdir()
+        return [], "zz_empty has no images"
+    if case == "out_is_a_file":
+        (tmp_path / "afile").write_text("x")
+        return ["--out", str(tmp_path / "afile")], "is a file"
+    cases = {
+        "cuda_without_gpu": (["--device", "cuda"], "CUDA is not available"),
+        "misspelt_loader": (["--loader", "dalli"], "unknown loader backend 'dalli'"),
+        "missing_resume_file": (["--resume", str(tmp_path / "nope.pt")], "does not exist"),
+        "resume_a_directory": (["--resume", str(tmp_path)], "is a directory"),
+        "batch_over_split": (["--set", "train.batch_size=1000"], "more than the training split"),
+        "moved_key": (["--set", "loader.workers=2"], "moved to 'loader.torch.workers'"),
+        "unwritable_out": (["--out", "/proc/stallfree-run"], "cannot write"),
+    }
+    return cases[case]
+
+
+@pytest.mark.parametrize("case", ["cuda_without_gpu", "misspelt_loader", "missing_resume_file",
+                                  "resume_a_directory", "batch_over_split", "moved_key",
+                                  "unwritable_out", "out_is_a_file", "empty_class"])
+def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str) -> None:
+    if case == "cuda_without_gpu" and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root = write_demo(tmp_path / "data", train_per_class=2, val_per_class=1, progress=False)
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(dump_toml(small_recipe(root)))
+    extra, needle = _cli_case(root, tmp_path, case)
+    out = ["--out", str(tmp_path / "run")] if "--out" not in extra else []
+    result = subprocess.run([sys.executable, "-m", "stallfree", "train", str(recipe_path),
+                             "--no-progress", *out, *extra], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("stallfree: error:")]
+    assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # validated before anything was written
+
+
+def test_ctrl_c_finishes_the_step_saves_and_exits_130(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, train={"epochs": 50, "batch_size": 4, "log_every": 1})
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(recipe))
-    out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--standalone", "-m", "stallfree", "train", str(recipe_path), "--out", str(out),
-         "--no-progress"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    # 60 images / 2 ranks / batch 8 = 3 batches a rank; accum 2 -> 2 steps an epoch.
-    assert summary["world_size"] == 2 and summary["optimizer_steps"] == 4
-    assert summary["global_batch"] == 32
-    from stallfree.train.checkpoint import load_checkpoint
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "checkpoint saved" in err
+    assert not (run / "preempted.json").exists()  # a user's stop is not a preemption to requeue
+    assert len(list((run / "checkpoints").glob("ckpt-*.pt"))) >= 1
 
-    state = load_checkpoint(out / "checkpoints" / "ckpt-000000004.pt")
-    assert len(state["ranks"]) == 2 and state["world_size"] == 2
+
+def test_warmup_longer_than_the_run_is_warned(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, optim={"warmup_steps": 500})
+    with pytest.warns(UserWarning, match="warmup_steps.*never decays"):
+        train(recipe, tmp_path / "run", progress=False)
+
+
+def test_summary_and_recipe_carry_the_resolved_precision(image_root: Path, tmp_path: Path) -> None:
+    from stallfree.train.precision import cpu_has_native_bf16
+
+    recipe = small_recipe(image_root, train={"precision": "auto", "batch_size": 16})
+    summary = train(recipe, tmp_path / "run", progress=False)
+    expected = "bf16" if cpu_has_native_bf16() else "fp32"
+    assert summary["precision"] == expected
+    assert load_recipe(tmp_path / "run" / "recipe.toml").train.precision == expected

@@ -159,3 +159,95 @@ def test_metrics_are_logged_per_interval() -> None:
     val = [r for r in records if "val_top1" in r]
     assert len(val) == 2 and 0 <= val[-1]["val_top1"] <= val[-1]["val_top5"] <= 1
     assert summary["optimizer_steps"] == 12 and "val_top1" in summary
+
+
+def test_fp16_that_never_finishes_a_step_stops_and_never_counts_a_skip() -> None:
+    images, labels = _data(64 * 4)
+    model = _PoisonFirst(_mlp(), bad=10_000)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = warmup_cosine(optimizer, total_steps=100, warmup_steps=0)
+    trainer = Trainer(model, optimizer, scheduler, device=CPU, config=TrainerConfig(
+        precision="fp16", progress=False, log_every=1, max_nonfinite_steps=3))
+    with pytest.raises(NonFiniteLossError, match="3 optimizer steps in a row.*3 skipped in all"):
+        trainer.train_epoch(TensorLoader(images, labels, 8), 0)
+    assert trainer.optimizer_steps == 0 and trainer.skipped_steps == 3
+    assert scheduler.last_epoch == 0  # the schedule never moved
+
+
+def test_fp16_skips_even_when_the_scale_has_collapsed_to_zero() -> None:
+    # Once GradScaler's scale reaches 0, "scale did not drop" no longer means "stepped".
+    images, labels = _data(80)
+    model = _PoisonFirst(_mlp(), bad=10_000)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
+                      config=TrainerConfig(precision="fp16", progress=False,
+                                           max_nonfinite_steps=1000))
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=0.0)
+    trainer.train_epoch(TensorLoader(images, labels, 8), 0)
+    assert trainer.optimizer_steps == 0 and trainer.skipped_steps == 10
+
+
+def test_logged_lr_is_the_lr_the_step_used() -> None:
+    records: list[dict] = []
+
+    class Collect:
+        def write(self, record: dict) -> None:
+            records.append(record)
+
+        def close(self) -> None:
+            pass
+
+    images, labels = _data(32)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = warmup_cosine(optimizer, total_steps=4, warmup_steps=2)
+    trainer = Trainer(model, optimizer, scheduler, device=CPU, sinks=[Collect()],
+                      config=TrainerConfig(progress=False, log_every=1))
+    trainer.train_epoch(TensorLoader(images, labels, 8), 0)
+    # Warmup of 2: step 1 ran at 0.005, step 2 at 0.01, then the cosine.
+    assert [round(r["lr"], 6) for r in records][:2] == [0.005, 0.01]
+
+
+@pytest.mark.parametrize("old_split, new_split", [((8, 2), (4, 4)), ((4, 4), (16, 1))])
+def test_resume_with_another_micro_batch_split_continues_on_the_next_sample(
+        old_split: tuple[int, int], new_split: tuple[int, int]) -> None:
+    """Same global batch, another split: the resumed steps equal the uninterrupted run's."""
+    images, labels = _data(96)
+    full = _mlp()
+    _train(full, TensorLoader(images, labels, old_split[0]), accum=old_split[1])  # 6 steps
+
+    first = _mlp()
+    trainer = _train(first, TensorLoader(images[:32], labels[:32], old_split[0]),
+                     accum=old_split[1])  # the first 2 steps: 32 samples
+    state, loader_state = trainer.state_dict(), {"epoch": 0, "position": 32}
+
+    resumed = _mlp(seed=99)
+    optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    trainer = Trainer(resumed, optimizer, device=CPU, config=TrainerConfig(
+        accum_steps=new_split[1], progress=False))
+    trainer.load_state_dict(state)
+    loader = TensorLoader(images, labels, new_split[0])
+    loader.load_state_dict(loader_state)
+    assert loader.batches_left() == 64 // new_split[0]  # the 64 unseen samples, none again
+    trainer.train_epoch(loader, 0)
+    assert trainer.optimizer_steps == 6
+    assert _max_diff(resumed, full) < 1e-5
+
+
+def test_stop_flag_is_agreed_every_few_steps_under_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stallfree.parallel import DistInfo
+    from stallfree.train import trainer as trainer_module
+
+    calls: list[float] = []
+
+    def fake_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+        calls.append(float(tensor[0]))
+        return tensor
+
+    monkeypatch.setattr(trainer_module, "all_reduce_sum", fake_all_reduce)
+    images, labels = _data(8 * 25)
+    model = _mlp()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), device=CPU,
+                      dist=DistInfo(rank=0, world_size=2), config=TrainerConfig(
+                          progress=False, log_every=100, stop_check_every=10))
+    trainer.train_batches(iter(TensorLoader(images, labels, 8)), 25)
+    assert len(calls) == 3  # steps 10, 20 and the last one (25): not 25 all-reduces

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,12 @@ class RunDir:
         probe = self.path
         while not probe.exists():
             probe = probe.parent
-        if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-            raise RunDirError(f"--out {self.path}: cannot write in {probe}; choose another --out")
+        try:  # a real write: permission bits say nothing to root or on read-only mounts
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError as exc:
+            raise RunDirError(f"--out {self.path}: cannot write in {probe} ({exc.strerror}); "
+                              "choose another --out") from exc
 
     def artifacts(self) -> list[Path]:
         """What an earlier run left here: checkpoints, metrics, summary."""
