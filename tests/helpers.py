@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,7 @@ import torch
 
 from stallfree.data.loader import Batch, ShardedLoader
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, recipe_from_dict
+from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
 
 
 class TensorLoader(ShardedLoader):
@@ -47,3 +50,35 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = value
+
+
+def train_until_logged(recipe: Recipe, tmp_path: Path, records: int,
+                       extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, list[str], Path]:
+    """Start `stallfree train` on `recipe` in a subprocess; return once metrics.jsonl holds
+    `records` lines (the run is stepping): (process, its command, its run directory)."""
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(dump_toml(recipe))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
+           "--no-progress", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= records:
+            break
+        time.sleep(0.05)
+    return proc, cmd, run
+
+
+class Collect:
+    """A metrics sink that keeps the records in memory."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        pass

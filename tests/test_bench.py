@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 
@@ -105,8 +108,8 @@ def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
                          batches=2, workers=[0, 1])
     result = run_bench(small_recipe(image_root), config, progress=False)
     order = [(r["repeat"], r["backend"], r["knob"]) for r in result["records"]]
-    assert order == [(0, "torch", 0), (0, "torch", 1), (0, "synthetic", None),
-                     (1, "torch", 0), (1, "torch", 1), (1, "synthetic", None)]
+    assert order == [(0, "torch", "0"), (0, "torch", "1"), (0, "synthetic", None),
+                     (1, "torch", "0"), (1, "torch", "1"), (1, "synthetic", None)]
     assert all("error" not in r for r in result["records"]), result["records"]
     assert result["limit"]["images_per_s"] > 0 and result["limit"]["runs"] == 2
 
@@ -145,3 +148,36 @@ def test_profile_writes_a_trace(image_root: Path, tmp_path: Path) -> None:
     train(recipe, tmp_path, progress=False, profile_steps=2)
     assert (tmp_path / "profile" / "trace.json").stat().st_size > 1000
     assert "Name" in (tmp_path / "profile" / "top_ops.txt").read_text()
+
+
+def test_dali_sweeps_threads_and_hardware_decoder_load() -> None:
+    from stallfree.bench import _variants
+
+    config = BenchConfig(threads=[2, 4], hw_decoder_loads=[0.12, 0.65])
+    variants = dict(_variants("dali-cpudecode", config))
+    assert variants["2 hw0.12"] == ["loader.dali.threads=2", "loader.dali.hw_decoder_load=0.12"]
+    assert len(variants) == 4 and _variants("synthetic", config) == [(None, [])]
+
+
+def _gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def test_gpu_check_fails_loudly_when_dali_is_required_but_missing(tmp_path: Path) -> None:
+    # A regular package named `nvidia` first on the path hides the installed nvidia.dali.
+    (tmp_path / "nodali" / "nvidia").mkdir(parents=True)
+    (tmp_path / "nodali" / "nvidia" / "__init__.py").write_text("")
+    result = _gpu_check(tmp_path, DEVICE="cpu", REQUIRE_DALI="1",
+                        PYTHONPATH=str(tmp_path / "nodali"), OUT_DIR=str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "REQUIRE_DALI=1 but nvidia.dali does not import" in result.stderr
+    assert not (tmp_path / "out").exists()  # failed before running anything
+
+
+def test_gpu_check_accepts_only_dali_wheels(tmp_path: Path) -> None:
+    wheel = tmp_path / "torch-2.0-py3-none-any.whl"
+    wheel.write_text("")
+    result = _gpu_check(tmp_path, DEVICE="cpu", DALI_WHEEL=str(wheel))
+    assert result.returncode == 1 and "is not an nvidia_dali_cuda120/-cuda130 wheel" in result.stderr

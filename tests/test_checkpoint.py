@@ -7,16 +7,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import small_recipe
+from helpers import small_recipe, train_until_logged
 from stallfree.errors import RunDirError
-from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import CheckpointError, Checkpointer, load_checkpoint
 from stallfree.train.resume import PREEMPTED_EXIT_CODE, ResumeError
 from stallfree.train.run import train
@@ -124,18 +121,7 @@ def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Pat
 
 def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) -> None:
     recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1})
-    recipe_path = tmp_path / "r.toml"
-    recipe_path.write_text(dump_toml(recipe))
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
-           "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
+    proc, cmd, run = train_until_logged(recipe, tmp_path, records=3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err

@@ -174,6 +174,16 @@ def _root_with_one_bad_file(root: Path, name: str, data: bytes, bad_split: str) 
     return bad
 
 
+def _bomb_jpeg() -> bytes:
+    """A 1 KB JPEG whose frame header says 30000 x 30000 (900 megapixels)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (90, 20, 20)).save(buffer, "JPEG")
+    data = bytearray(buffer.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
+    return bytes(data)
+
+
 def _truncated_jpeg() -> bytes:
     buffer = io.BytesIO()
     pixels = np.random.default_rng(1).integers(0, 255, (200, 300, 3), dtype=np.uint8)
@@ -183,10 +193,12 @@ def _truncated_jpeg() -> bytes:
 
 @pytest.mark.parametrize("backend", [b for b in BACKEND_PARAMS if b != "synthetic"])
 @pytest.mark.parametrize("split", ["train", "val"])
-@pytest.mark.parametrize("kind", ["truncated", "junk_header"])
+@pytest.mark.parametrize("kind", ["truncated", "junk_header", "bomb"])
 def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: str,
                                          kind: str) -> None:
-    data = _truncated_jpeg() if kind == "truncated" else b"\xff\xd8\xff\xe0 not a jpeg at all"
+    """Both loaders refuse the same files; a decompression bomb before any pixel is decoded."""
+    data = {"truncated": _truncated_jpeg, "bomb": _bomb_jpeg,
+            "junk_header": lambda: b"\xff\xd8\xff\xe0 not a jpeg at all"}[kind]()
     bad = _root_with_one_bad_file(tmp_path, "3.jpg", data, split)
     recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 2})
     with pytest.raises(BadImageError) as info:
@@ -200,6 +212,8 @@ def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: st
     message = str(info.value)
     assert str(bad) in message and "\n" not in message and "Traceback" not in message
     assert info.value.path == str(bad)
+    if kind == "bomb":
+        assert "data.max_pixels" in message
 
 
 def test_synthetic_val_counts_its_samples_exactly() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import small_recipe
+from helpers import small_recipe, train_until_logged
 from stallfree.cli import main
 from stallfree.data.demo import write_demo
 from stallfree.recipe import dump_toml, load_recipe
@@ -177,18 +177,7 @@ def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str
 
 def test_ctrl_c_finishes_the_step_saves_and_exits_130(image_root: Path, tmp_path: Path) -> None:
     recipe = small_recipe(image_root, train={"epochs": 50, "batch_size": 4, "log_every": 1})
-    recipe_path = tmp_path / "r.toml"
-    recipe_path.write_text(dump_toml(recipe))
-    run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
-           "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
+    proc, _, run = train_until_logged(recipe, tmp_path, records=3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]

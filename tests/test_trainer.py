@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import TensorLoader
+from helpers import Collect, TensorLoader
 from stallfree.train.schedule import warmup_cosine
 from stallfree.train.trainer import MicroBatchOOMError, NonFiniteLossError, Trainer, TrainerConfig
 
@@ -137,19 +137,12 @@ def test_oom_is_an_error_that_names_the_fix() -> None:
 
 
 def test_metrics_are_logged_per_interval() -> None:
-    records: list[dict] = []
-
-    class Collect:
-        def write(self, record: dict) -> None:
-            records.append(record)
-
-        def close(self) -> None:
-            pass
-
+    sink = Collect()
+    records = sink.records
     images, labels = _data(48)
     model = _mlp()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
-                      sinks=[Collect()], config=TrainerConfig(log_every=2, progress=False))
+                      sinks=[sink], config=TrainerConfig(log_every=2, progress=False))
     summary = trainer.fit(TensorLoader(images, labels, 8), TensorLoader(images, labels, 16), epochs=2)
     train_records = [r for r in records if "loss" in r]
     assert [r["step"] for r in train_records] == [2, 4, 6, 8, 10, 12]
@@ -187,24 +180,16 @@ def test_fp16_skips_even_when_the_scale_has_collapsed_to_zero() -> None:
 
 
 def test_logged_lr_is_the_lr_the_step_used() -> None:
-    records: list[dict] = []
-
-    class Collect:
-        def write(self, record: dict) -> None:
-            records.append(record)
-
-        def close(self) -> None:
-            pass
-
+    sink = Collect()
     images, labels = _data(32)
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = warmup_cosine(optimizer, total_steps=4, warmup_steps=2)
-    trainer = Trainer(model, optimizer, scheduler, device=CPU, sinks=[Collect()],
+    trainer = Trainer(model, optimizer, scheduler, device=CPU, sinks=[sink],
                       config=TrainerConfig(progress=False, log_every=1))
     trainer.train_epoch(TensorLoader(images, labels, 8), 0)
     # Warmup of 2: step 1 ran at 0.005, step 2 at 0.01, then the cosine.
-    assert [round(r["lr"], 6) for r in records][:2] == [0.005, 0.01]
+    assert [round(r["lr"], 6) for r in sink.records][:2] == [0.005, 0.01]
 
 
 @pytest.mark.parametrize("old_split, new_split", [((8, 2), (4, 4)), ((4, 4), (16, 1))])

@@ -27,11 +27,15 @@ from stallfree.bench_usage import ResourceSampler
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.loader import Batch, Loader, build_loader
 from stallfree.parallel import DistInfo, cpu_cores
-from stallfree.recipe import Recipe, recipe_from_dict
+from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
 
-# Bench names -> loader backends. torch-naive is a reference, not a product backend.
-BENCH_BACKENDS = {"dali": "dali", "torch": "torch", "torch-naive": "stallfree.data.naive:build",
-                  "synthetic": "synthetic"}
+# Bench names -> (loader backend, recipe overrides). torch-naive is a reference, not a product
+# backend; dali-cpudecode is NVIDIA's "dali-cpu" mode: decode on the CPU, augment on the GPU.
+BENCH_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dali": ("dali", ()), "dali-cpudecode": ("dali", ('loader.dali.decode="cpu"',)),
+    "torch": ("torch", ()), "torch-naive": ("stallfree.data.naive:build", ()),
+    "synthetic": ("synthetic", ()),
+}
 MODES = ("loader", "train")
 
 
@@ -44,6 +48,7 @@ class BenchConfig:
     batches: int = 30  # timed batches or steps per run
     workers: list[int] = field(default_factory=list)  # torch/torch-naive sweep; [] = recipe's
     threads: list[int] = field(default_factory=list)  # dali sweep; [] = recipe's
+    hw_decoder_loads: list[float] = field(default_factory=list)  # dali (nvJPEG) sweep; [] = recipe's
 
     def validate(self) -> None:
         for name in self.backends:
@@ -271,30 +276,38 @@ def _median_limit(limits: list[dict[str, Any]]) -> dict[str, Any] | None:
             "cores": limits[0]["cores"], "single_thread": single, "runs": len(limits)}
 
 
-def _sweep(backend: str, cfg: BenchConfig) -> list[int | None]:
+def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str]]]:
+    """(label, recipe overrides) for each setting of `backend` that the sweep asks for."""
     if backend in ("torch", "torch-naive") and cfg.workers:
-        return list(cfg.workers)
-    if backend == "dali" and cfg.threads:
-        return list(cfg.threads)
-    return [None]
+        return [(str(w), [f"loader.torch.workers={w}"]) for w in cfg.workers]
+    if not backend.startswith("dali") or not (cfg.threads or cfg.hw_decoder_loads):
+        return [(None, [])]
+    out: list[tuple[str | None, list[str]]] = []
+    for threads in cfg.threads or [None]:
+        for load in cfg.hw_decoder_loads or [None]:
+            label = " ".join(filter(None, [threads is not None and f"{threads}",
+                                           load is not None and f"hw{load:g}"]))
+            sets = ([f"loader.dali.threads={threads}"] if threads is not None else []) + \
+                   ([f"loader.dali.hw_decoder_load={load}"] if load is not None else [])
+            out.append((label, sets))
+    return out
 
 
 def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
     recipe = resolved(recipe)[0]  # `precision = auto` decided once, here, for every child
-    runs = [(mode, backend, knob) for mode in cfg.modes for backend in cfg.backends
-            for knob in _sweep(backend, cfg)]
+    runs = [(mode, backend, knob, sets) for mode in cfg.modes for backend in cfg.backends
+            for knob, sets in _variants(backend, cfg)]
     records: list[dict[str, Any]] = []
     limits: list[dict[str, Any]] = []
     for repeat in range(cfg.repeats):
         if recipe.data.root and "loader" in cfg.modes:
             limits.append(measure_limit(recipe))  # interleaved too: the ceiling drifts as well
-        for mode, backend, knob in runs:
-            variant = recipe_from_dict(recipe.to_dict())
-            if knob is not None:
-                variant.loader.torch.workers = variant.loader.dali.threads = knob
-            result = run_isolated(mode, variant, BENCH_BACKENDS[backend], cfg.warmup, cfg.batches)
+        for mode, backend, knob, sets in runs:
+            loader_backend, overrides = BENCH_BACKENDS[backend]
+            variant = apply_overrides(recipe.copy(), [*overrides, *sets])
+            result = run_isolated(mode, variant, loader_backend, cfg.warmup, cfg.batches)
             record = {"backend": backend, "mode": mode, "knob": knob, "repeat": repeat, **result}
             records.append(record)
             if progress:

@@ -51,11 +51,15 @@ def _int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def _float_list(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="head-to-head loader and training benchmark")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
     p.add_argument("--backends", default="dali,torch,torch-naive,synthetic",
-                   help="comma-separated: dali, torch, torch-naive, synthetic")
+                   help="comma-separated: dali, dali-cpudecode, torch, torch-naive, synthetic")
     p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; the median is reported")
@@ -63,6 +67,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=int, default=30, help="timed batches (or steps) per run")
     p.add_argument("--workers", type=_int_list, default=[], help="torch worker sweep, e.g. 1,2,3")
     p.add_argument("--threads", type=_int_list, default=[], help="dali thread sweep, e.g. 1,2,3")
+    p.add_argument("--hw-decoder-load", type=_float_list, default=[], metavar="LOADS",
+                   help="dali nvJPEG hardware-decoder share sweep, e.g. 0.12,0.65,0.9")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
@@ -139,7 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = BenchConfig(backends=[b for b in args.backends.split(",") if b],
                          modes=[m for m in args.mode.split(",") if m], repeats=args.repeats,
                          warmup=args.warmup, batches=args.batches, workers=args.workers,
-                         threads=args.threads)
+                         threads=args.threads, hw_decoder_loads=args.hw_decoder_load)
     try:
         config.validate()
     except ValueError as exc:

@@ -24,6 +24,7 @@ import torch
 
 from stallfree.data.imageio import BadImageError, check_header
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
+from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError
 from stallfree.parallel import cpu_workers
@@ -52,8 +53,12 @@ class DataPipelineError(StallfreeError, RuntimeError):
 
 @pipeline_def(enable_checkpointing=True)
 def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, decode_device: str,
-                   augment_on_gpu: bool) -> tuple[Any, Any]:
-    """Read, decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"."""
+                   augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
+    """Read, decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu".
+
+    `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
+    GPU run: a quarter of the bytes to copy, normalised on the GPU like the torch backend's).
+    """
     aug = spec.augment
     size = aug.image_size
     # This rank's own files in order (ShardPlan did the sharding): one shard, no shuffle.
@@ -80,6 +85,11 @@ def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, dec
             images = images.gpu()
         images = fn.resize(images, resize_shorter=aug.resize_size, **resize)
         mirror = 0
+    if raw_uint8:
+        images = fn.crop_mirror_normalize(images, crop=(size, size), crop_pos_x=0.5,
+                                          crop_pos_y=0.5, mirror=mirror, dtype=types.UINT8,
+                                          output_layout="HWC")
+        return images, label
     images = fn.crop_mirror_normalize(
         images, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror,
         mean=[m * 255 for m in aug.mean], std=[s * 255 for s in aug.std],
@@ -103,6 +113,10 @@ class DaliLoader(ShardedLoader):
         self.device_id = (spec.device.index or 0) if gpu else None
         self.decode_device = "mixed" if gpu and opts.decode == "auto" else "cpu"
         self.augment_on_gpu = gpu
+        # A CPU graph feeding a GPU run hands over uint8; the prefetcher normalises on the GPU.
+        self.prefetcher = DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std,
+                                           spec.dtype, spec.channels_last) \
+            if spec.device.type == "cuda" and not gpu else None
         # DALI needs at least one thread: 0 means "derive it", like -1.
         self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
                                    spec.dist.local_world_size)
@@ -140,7 +154,7 @@ class DaliLoader(ShardedLoader):
         pipe = image_pipeline(
             files=self._files, labels=self._labels[ids].tolist(), spec=spec,
             decode_device=self.decode_device, augment_on_gpu=self.augment_on_gpu,
-            batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
+            raw_uint8=self.prefetcher is not None, batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
             seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
             prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
@@ -159,7 +173,7 @@ class DaliLoader(ShardedLoader):
             self._checkpoint = self._iterator.checkpoints()[0]
         try:
             self._iterator = self._build()
-            yield from self._counted(self._to_batch(data[0]) for data in self._iterator)
+            yield from self._counted(self._batches(self._iterator))
         except RuntimeError as exc:
             self._close_iterator()
             if _is_memory_error(exc):
@@ -179,6 +193,13 @@ class DaliLoader(ShardedLoader):
             if reason is not None:
                 return BadImageError(path, f"DALI cannot decode it: {reason}")
         return DataPipelineError(f"the DALI pipeline stopped: {_first_cause(str(exc))}")
+
+    def _batches(self, iterator: DALIGenericIterator) -> Iterator[Batch]:
+        if self.prefetcher is None:
+            return (self._to_batch(data[0]) for data in iterator)
+        raw = ((data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long())
+               for data in iterator)
+        return self.prefetcher(raw)
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> Batch:
         images = out["images"]

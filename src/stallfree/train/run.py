@@ -21,7 +21,7 @@ from stallfree.data.loader import Loader, build_loader
 from stallfree.metrics import GpuMonitor, JsonlSink, Sink, open_sinks, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml, validate
-from stallfree.train.build import build_trainer
+from stallfree.train.build import build_trainer, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import init_distributed, resolve_device, shutdown
 from stallfree.train.precision import resolve_precision
@@ -43,6 +43,9 @@ def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Datas
     recipe = recipe.copy()
     validate(recipe)
     device = resolve_device(recipe.train.device, dist)
+    if device.type == "cuda":
+        # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
+        torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
     dataset = resolve_dataset(recipe.data) if recipe.data.root else None
     return recipe, device, dataset
@@ -99,7 +102,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
             sinks = open_sinks(run.path)
             trainer.sinks = sinks
-        _announce(recipe, device, dist, found, start_epoch, trainer, progress)
+        _announce(recipe, device, dist, found, start_epoch, trainer)
         summary = _run(trainer, loaders, checkpointer, run, recipe, dist, device, start_epoch,
                        profile_steps, sinks)
         all_ranks_here = True
@@ -128,13 +131,36 @@ def _barrier_after_checks() -> None:
 
 
 def _announce(recipe: Recipe, device: torch.device, dist: DistInfo, found: Any,
-              start_epoch: int, trainer: Trainer, progress: bool) -> None:
-    if dist.rank != 0 or not progress:
+              start_epoch: int, trainer: Trainer) -> None:
+    if dist.rank != 0:
         return
     tqdm.write(f"stallfree: {recipe.loader.backend} loader, {recipe.model.name}, {device}, "
-               f"precision {recipe.train.precision}, world size {dist.world_size}")
+               f"precision {recipe.train.precision}, world size {dist.world_size}, "
+               f"global batch {recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}")
     if found is not None:
-        tqdm.write(f"resumed from {found[1]} at epoch {start_epoch}, step {trainer.optimizer_steps}")
+        tqdm.write(f"stallfree: resumed from {found[1]} at epoch {start_epoch}, "
+                   f"step {trainer.optimizer_steps}")
+
+
+class _Eta:
+    """Prints once, after the first steps, how long the rest of the run should take."""
+
+    AFTER_STEPS = 10
+
+    def __init__(self, trainer: Trainer, total_steps: int) -> None:
+        self.trainer, self.total_steps = trainer, total_steps
+        self.first_step, self.started = trainer.optimizer_steps, time.perf_counter()
+        self.done = trainer.dist.rank != 0
+
+    def step(self) -> None:
+        steps = self.trainer.optimizer_steps - self.first_step
+        if self.done or steps < min(self.AFTER_STEPS, self.total_steps - self.first_step):
+            return
+        self.done = True
+        per_step = (time.perf_counter() - self.started) / max(1, steps)
+        left = (self.total_steps - self.trainer.optimizer_steps) * per_step
+        tqdm.write(f"stallfree: about {left / 60:.1f} min to go: {self.total_steps} steps at "
+                   f"{per_step:.2f} s each (validation not included)")
 
 
 def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
@@ -150,6 +176,8 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
+    eta = _Eta(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
+                                                             recipe.train.accum_steps))
     monitor = GpuMonitor.maybe(device)
     if monitor is not None:
         trainer.record_extras.append(monitor.sample)
@@ -158,6 +186,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
 
         def on_step(t: Trainer) -> None:
             profiler.step()
+            eta.step()
             if every and t.optimizer_steps % every == 0:
                 save()
 
