@@ -201,6 +201,10 @@ def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: st
             "junk_header": lambda: b"\xff\xd8\xff\xe0 not a jpeg at all"}[kind]()
     bad = _root_with_one_bad_file(tmp_path, "3.jpg", data, split)
     recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 2})
+    if kind != "truncated":  # refused from its header, when the loader is built: before step 1
+        with pytest.raises(BadImageError) as info:
+            build_loader(recipe, split, device=CPU)
+        assert info.value.path == str(bad)
     with pytest.raises(BadImageError) as info:
         loader = build_loader(recipe, split, device=CPU)
         try:

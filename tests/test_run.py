@@ -147,7 +147,8 @@ def _cli_case(root: Path, tmp_path: Path, case: str) -> tuple[list[str], str]:
         "misspelt_loader": (["--loader", "dalli"], "unknown loader backend 'dalli'"),
         "missing_resume_file": (["--resume", str(tmp_path / "nope.pt")], "does not exist"),
         "resume_a_directory": (["--resume", str(tmp_path)], "is a directory"),
-        "batch_over_split": (["--set", "train.batch_size=1000"], "more than the training split"),
+        "batch_over_split": (["--set", "train.batch_size=1000"],
+                             "more than the 20 images of the training split"),
         "moved_key": (["--set", "loader.workers=2"], "moved to 'loader.torch.workers'"),
         "unwritable_out": (["--out", "/proc/stallfree-run"], "cannot write"),
     }

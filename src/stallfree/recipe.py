@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import sys
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -190,8 +192,10 @@ def _set_field(table: Any, path: str, key: str, value: Any, source: str) -> None
         if dotted in _MOVED:
             raise RecipeError(f"{source}: '{dotted}' has moved to '{_MOVED[dotted]}'; write it "
                               f"under [{_MOVED[dotted].rpartition('.')[0]}] instead")
-        known = ", ".join(hints)
-        raise RecipeError(f"{source}: unknown key '{dotted}'; known keys in [{path}]: {known}")
+        close = difflib.get_close_matches(key, hints, n=1)
+        guess = f"did you mean '{path}.{close[0]}'? " if close else ""
+        raise RecipeError(f"{source}: unknown key '{dotted}'; {guess}known keys in [{path}]: "
+                          f"{', '.join(hints)}")
     annotation = hints[key]
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
@@ -232,15 +236,31 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe_from_dict(raw, source=str(path))
 
 
-def _parse_value(text: str) -> Any:
-    """Parse an override value as a TOML/Python literal, falling back to a bare string."""
+def _parse_value(text: str, annotation: Any) -> Any:
+    """Parse an override value as a TOML/Python literal; a text field takes the text as it is
+    (`data.root=2024` is a folder name), unquoted when it was quoted."""
     stripped = text.strip()
+    if annotation is str:
+        quoted = len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\""
+        return stripped[1:-1] if quoted else stripped
     if stripped in ("true", "false"):
         return stripped == "true"
     try:
-        return ast.literal_eval(stripped)
+        with warnings.catch_warnings():  # "1a" would warn "invalid decimal literal"
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(stripped)
     except (ValueError, SyntaxError):
         return text
+
+
+def _annotation(recipe: Recipe, tables: list[str], key: str) -> Any:
+    """The declared type of a dotted key, or None when the path is unknown (reported later)."""
+    table: Any = recipe
+    for name in tables:
+        table = getattr(table, name, None)
+        if not dataclasses.is_dataclass(table):
+            return None
+    return typing.get_type_hints(type(table)).get(key)
 
 
 def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
@@ -251,7 +271,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         if not sep or not tables or not key:
             raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. train.epochs=3")
         source = f"--set {item!r}"
-        nested: Any = _parse_value(text)
+        nested: Any = _parse_value(text, _annotation(recipe, tables, key))
         for name in reversed(tables[1:]):
             nested, key = {key: nested}, name
         recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first

@@ -16,13 +16,12 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
-from stallfree.data.imageio import BadImageError, check_header
+from stallfree.data.imageio import BadImageError, check_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -126,23 +125,8 @@ class DaliLoader(ShardedLoader):
         self._files: list[str] = []  # what the live pipeline reads, in order
         self._list_start = 0  # global position at which that list begins
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
-        self._check_headers()
-
-    def _check_headers(self) -> None:
-        """Refuse oversized or unreadable files before DALI sees them: DALI cannot skip a sample,
-        and a decompression bomb would decode to many GB before any error."""
-        share = self._paths[self.spec.dist.rank::self.spec.dist.world_size].tolist()
-        with ThreadPoolExecutor(self.threads) as pool:
-            for path, error in zip(share, pool.map(self._header_error, share)):
-                if error is not None:
-                    raise error
-
-    def _header_error(self, path: str) -> BadImageError | None:
-        try:
-            check_header(path, self.spec.max_pixels)
-        except BadImageError as exc:
-            return exc
-        return None
+        # DALI cannot skip a sample, and a decompression bomb would decode to many GB first.
+        check_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, self.threads)
 
     def _build(self) -> DALIGenericIterator:
         """A pipeline over this rank's remaining files of the epoch (or the whole epoch's, when
@@ -188,10 +172,9 @@ class DaliLoader(ShardedLoader):
         """Name the file that stopped the pipeline: decode the batches in flight one by one."""
         in_flight = (self.spec.loader.prefetch + 2) * self.spec.batch_size
         first = max(0, done // self.plan.world_size)  # this rank's share of the consumed samples
-        for path in self._files[first:first + in_flight]:
-            reason = probe_decode(path)
-            if reason is not None:
-                return BadImageError(path, f"DALI cannot decode it: {reason}")
+        culprit = first_undecodable(self._files[first:first + in_flight])
+        if culprit is not None:
+            return BadImageError(culprit[0], f"DALI cannot decode it: {culprit[1]}")
         return DataPipelineError(f"the DALI pipeline stopped: {_first_cause(str(exc))}")
 
     def _batches(self, iterator: DALIGenericIterator) -> Iterator[Batch]:
@@ -265,24 +248,31 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
-def _probe_pipeline(path: str) -> Any:
-    jpegs, _ = fn.readers.file(files=[path], labels=[0])
+def _probe_pipeline(paths: list[str]) -> Any:
+    jpegs, _ = fn.readers.file(files=paths, labels=[0] * len(paths))
     return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
 
 
-def probe_decode(path: str) -> str | None:
-    """None when DALI's CPU decoder reads `path`; else the cause, in one line.
+def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
+    """The first of `paths` that DALI's CPU decoder cannot read, with the cause in one line.
 
-    The decoder writes the real cause ("Premature end of JPEG data") to the process's stderr,
-    not into the exception, so file descriptor 2 is captured while the probe runs.
+    One synchronous pipeline, one file per run: run i decodes file i, so the run that fails
+    names the file. The decoder writes the real cause ("Premature end of JPEG data") to the
+    process's stderr, not into the exception, so file descriptor 2 is captured meanwhile.
     """
+    if not paths:
+        return None
     with tempfile.TemporaryFile() as log:
         saved = os.dup(2)
         os.dup2(log.fileno(), 2)
+        done = 0
         try:
-            pipe = _probe_pipeline(path)
+            pipe = _probe_pipeline(paths)
             pipe.build()
-            pipe.run()
+            for done in range(len(paths)):
+                log.seek(0)
+                log.truncate()
+                pipe.run()
             return None
         except RuntimeError as exc:
             error = exc
@@ -293,7 +283,7 @@ def probe_decode(path: str) -> str | None:
         logged = [line for line in log.read().decode(errors="replace").splitlines()
                   if "ERROR" in line or "rror" in line]
     cause = _first_cause(logged[-1]) if logged else _first_cause(str(error))
-    return re.sub(r"^\[ERROR\]\s*(\[\w+\]\s*)?", "", cause)
+    return paths[done], re.sub(r"^\[ERROR[^\]]*\]\s*(\[\w+\]\s*)?", "", cause)
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -136,8 +136,8 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
 def _read_file_list(root: Path, file_list: str) -> set[Path]:
     path = Path(file_list)
     if not path.is_file():
-        raise DatasetError(f"data.file_list {path} does not exist; write one with "
-                           "`stallfree data check ROOT --write-list FILE`, or unset data.file_list")
+        raise DatasetError(f"data.file_list {path} does not exist; point it at a file with one "
+                           "image path per line (relative to data.root), or unset it")
     lines = path.read_text().splitlines()
     return {(root / line.strip()).resolve() for line in lines
             if line.strip() and not line.lstrip().startswith("#")}

@@ -19,8 +19,11 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -51,10 +54,11 @@ _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _ORIENTATION_TAG = 0x0112
 _EXIF_FORMATS = frozenset({"JPEG", "TIFF", "PNG", "WEBP", "MPO"})
 _TIFF_BITS_PER_SAMPLE = 258
-# What PIL raises on broken data, besides OSError: bad headers (SyntaxError, ValueError),
-# short reads (EOFError, struct.error) and out-of-range table indices (IndexError).
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError,
-                  Image.DecompressionBombError)
+# What PIL raises on broken data: OSError, bad headers (SyntaxError, ValueError), short reads
+# (EOFError, struct.error), out-of-range tables (IndexError) and, on fuzzed files, TypeError,
+# KeyError, ZeroDivisionError, MemoryError... Any exception while parsing an untrusted file
+# means a bad file, never a crash of the run: Exception it is (not KeyboardInterrupt).
+_DECODE_ERRORS = (Exception,)
 
 
 class BadImageError(StallfreeError, ValueError):
@@ -85,6 +89,26 @@ def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, 
     return size
 
 
+def check_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
+                  threads: int = 1) -> None:
+    """`check_header` on every file (in `threads` threads); raise the first file's error.
+
+    The loaders run it at start-up on their share of the dataset, so a bad file stops a run
+    before its first step, under either backend.
+    """
+    def problem(path: str) -> BadImageError | None:
+        try:
+            check_header(path, max_pixels)
+        except BadImageError as exc:
+            return exc
+        return None
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for error in pool.map(problem, paths, chunksize=64):
+            if error is not None:
+                raise error
+
+
 def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, int]:
     """Open a checked image header (pixels not decoded yet) and read its EXIF orientation.
 
@@ -95,8 +119,8 @@ def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Im
         exif = img.getexif() if img.format in _EXIF_FORMATS else {}
         orientation = int(exif.get(_ORIENTATION_TAG, 1) or 1)
     except _DECODE_ERRORS as exc:
-        img.close()
-        raise BadImageError(path, f"unreadable EXIF: {_one_line(exc)}") from exc
+        img.close()  # reading EXIF can be the first read past the header: truncated or corrupt
+        raise BadImageError(path, f"cannot read: {_one_line(exc)}") from exc
     return img, orientation
 
 
@@ -141,7 +165,9 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
     """Lazily open `path` and refuse, from the header, what the backends cannot share."""
     try:
         # PIL's own bomb check is lifted so that ours runs, with the size and the setting named.
-        with _pil_limit_lifted():
+        with _pil_limit_lifted(), warnings.catch_warnings():
+            # PIL warns about some malformed files without naming them; our checks name them.
+            warnings.simplefilter("ignore")
             img = Image.open(path)
     except UnidentifiedImageError as exc:
         # Only on this (rare) path is the size looked at: no extra stat() for every good file.
@@ -156,9 +182,12 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
         raise BadImageError(path, f"unreadable header: {_one_line(exc)}") from exc
     try:
         _check_opened(img, path, max_pixels)
-    except BaseException:
+    except BadImageError:
         img.close()
         raise
+    except _DECODE_ERRORS as exc:  # the checks read further into a header that can be broken
+        img.close()
+        raise BadImageError(path, f"unreadable header: {_one_line(exc)}") from exc
     return img
 
 
@@ -193,8 +222,110 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
         if maxval not in (255, 65535):
             # PIL scales by maxval; DALI ignores it (a maxval-100 image comes out dark).
             return f"PNM with maxval {maxval}: only 255 and 65535 decode alike; re-save as 8-bit"
-    if fmt == "WEBP" and "exif" in img.info and _webp_is_lossless(path):
-        return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
+    if fmt == "WEBP" and "exif" in img.info:
+        if _webp_is_lossless(path):
+            return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
+        if img.getexif().get(_ORIENTATION_TAG, 1) not in (1, None):
+            # DALI rotates some (PIL-written) and not others (Pillow's hopper_orientation_6.webp).
+            return "WebP with an EXIF rotation: DALI does not always apply it; re-save it upright"
+    if "RGBa" in str(img.tile) or "La;" in str(img.tile):
+        # Premultiplied alpha (PIL reports RGBA): PIL unpremultiplies, DALI keeps the stored values.
+        return "premultiplied-alpha image: the backends decode it differently; save without alpha"
+    rawmode = str(img.tile[0][3][0] if img.tile and isinstance(img.tile[0][3], tuple)
+                  else img.tile[0][3] if img.tile else "")
+    if fmt == "TIFF":
+        return _tiff_problem(img)
+    if fmt == "BMP" and (img.info.get("compression") in (1, 2) or ";1" in rawmode[3:]):
+        return ("run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; "
+                "re-save as 24-bit BMP or PNG")
+    if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
+        return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
+    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or _png_is_animated(path)):
+        return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
+    if fmt == "JPEG2000" and mode not in ("L", "RGB"):
+        return f"JPEG 2000 in mode {mode}: DALI cannot decode it; save as 8-bit"
+    if fmt in ("JPEG", "MPO"):
+        return _jpeg_marker_problem(path)
+    return ""
+
+
+def _tiff_problem(img: Image.Image) -> str:
+    """TIFF variants that PIL reads and DALI's decoders (libtiff, then OpenCV) do not (measured
+    on Pillow's own test images); "" for the plain 8-bit kinds both read alike."""
+    tags = img.tag_v2
+    compression = img.info.get("compression")
+    if compression in _TIFF_UNSHARED:
+        return (f"TIFF with {compression} compression: DALI cannot decode it; "
+                "re-save with LZW, Deflate or no compression")
+    bits = tags.get(_TIFF_BITS_PER_SAMPLE, (8,))
+    bits = bits if isinstance(bits, tuple) else (bits,)
+    if tags.get(339, 1) not in (1, (1,)) or not set(bits) <= {1, 8, 16}:
+        return ("TIFF with unusual samples (signed, or 2/4-bit): DALI cannot decode it; "
+                "re-save as 8-bit")
+    if 16 in bits and img.mode not in _SIXTEEN_BIT:
+        return "16-bit colour TIFF: DALI cannot decode it; re-save as 8-bit"
+    if getattr(img, "n_frames", 1) != 1 or _tiff_ifds_loop(img.fp):
+        return "multi-page TIFF: DALI cannot decode every one; save the page you want alone"
+    return ""
+
+
+def _tiff_ifds_loop(fp: BinaryIO) -> bool:
+    """Whether a classic TIFF's chain of image directories points back into itself."""
+    fp.seek(0)
+    head = fp.read(8)
+    order = "<" if head[:2] == b"II" else ">"
+    offset, seen = struct.unpack(order + "I", head[4:8])[0], set()
+    while offset and offset not in seen and len(seen) < 1024:
+        seen.add(offset)
+        fp.seek(offset)
+        raw = fp.read(2)
+        if len(raw) < 2:
+            return False
+        fp.seek(offset + 2 + 12 * struct.unpack(order + "H", raw)[0])
+        raw = fp.read(4)
+        offset = struct.unpack(order + "I", raw)[0] if len(raw) == 4 else 0
+    return bool(offset)
+
+
+def _png_is_animated(path: str) -> bool:
+    """Whether a PNG has an animation-control chunk (acTL) before its image data: PIL ignores
+    a malformed one, on which DALI fails."""
+    with open(path, "rb") as f:
+        f.seek(8)
+        while len(header := f.read(8)) == 8:
+            size, kind = struct.unpack(">I", header[:4])[0], header[4:]
+            if kind in (b"acTL", b"IDAT"):
+                return kind == b"acTL"
+            f.seek(size + 4, os.SEEK_CUR)  # data and CRC
+    return False
+
+
+# TIFF compressions that PIL reads and DALI's decoders (libtiff, OpenCV) do not (measured:
+# LZMA fails); the rest are rare codecs refused rather than guessed.
+_TIFF_UNSHARED = frozenset({"tiff_lzma", "lzma", "zstd", "webp", "jpegxl", "tiff_sgilog",
+                            "tiff_sgilog24", "tiff_thunderscan",
+                            "tiff_jpeg"})  # old-style JPEG-in-TIFF, deprecated by libtiff
+
+
+def _jpeg_marker_problem(path: str) -> str:
+    """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
+    which PIL skips over. "" when every segment starts where the previous one ended."""
+    with open(path, "rb") as f:
+        data = f.read(1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
+    pos = 2  # after SOI
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return ("junk bytes between JPEG header segments: DALI cannot parse it; "
+                    "re-save the image")
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x00 or 0xD0 <= marker <= 0xD8:  # no segment starts with these
+            return "a broken JPEG header segment: DALI cannot parse it; re-save the image"
+        if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
+            return ""
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return ""
 
 

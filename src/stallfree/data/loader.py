@@ -138,6 +138,10 @@ class ShardedLoader(Loader):
         return (state.get("batch_size"), state.get("world_size")) == \
             (self.plan.batch_size, self.plan.world_size)
 
+    def shard_of_files(self, files: list[str]) -> list[str]:
+        """This rank's share of `files` for start-up checks (every rank checks a different part)."""
+        return files[self.plan.rank::self.plan.world_size]
+
     def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, augmentation seeds) of the current epoch."""
         return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch,

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import BadImageError
+from stallfree.data.imageio import BadImageError, check_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -97,6 +97,8 @@ class TorchLoader(ShardedLoader):
         super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
                          train=spec.train, seed=spec.seed)
         workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
+        # Headers first, as the dali backend does: a bad file stops the run before its first step.
+        check_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, max(1, workers))
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
             ImageDataset(spec.listing.samples, transform, spec.augment, spec.max_pixels),

@@ -51,11 +51,11 @@ def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Datas
     return recipe, device, dataset
 
 
-def _check_batches(loader: Loader, recipe: Recipe, dist: DistInfo) -> None:
+def _check_batches(loader: Loader, recipe: Recipe, dist: DistInfo, samples: int) -> None:
     if len(loader) == 0:
         raise RecipeError(
             f"train.batch_size {recipe.train.batch_size} x {dist.world_size} rank(s) is more "
-            f"than the training split holds; lower train.batch_size")
+            f"than the {samples} images of the training split; lower train.batch_size")
 
 
 def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
@@ -84,7 +84,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     try:
         for split in ("train", "val"):
             loaders[split] = build_loader(recipe, split, device=device, dist=dist, dataset=dataset)
-        _check_batches(loaders["train"], recipe, dist)
+        _check_batches(loaders["train"], recipe, dist, len(dataset.splits["train"]) if dataset
+                       else recipe.data.synthetic_samples)
         trainer = build_trainer(
             recipe, train_batches=len(loaders["train"]), device=device, dist=dist,
             num_classes=recipe.model.num_classes or (
