@@ -40,8 +40,8 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     data_sub = p.add_subparsers(dest="data_command", required=True)
     demo = data_sub.add_parser("demo", help="write the procedurally drawn demo ImageFolder")
     demo.add_argument("out", help="output folder, e.g. data/demo")
-    demo.add_argument("--train-per-class", type=int, default=200)
-    demo.add_argument("--val-per-class", type=int, default=50)
+    demo.add_argument("--train-per-class", type=int, default=120)
+    demo.add_argument("--val-per-class", type=int, default=30)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--photo-like", action="store_true",
                       help="natural-image texture, short side 333-500, ~100 KB JPEGs (for benchmarks)")

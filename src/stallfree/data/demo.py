@@ -131,7 +131,7 @@ def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = Fa
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-def write_demo(out: str | Path, *, train_per_class: int = 200, val_per_class: int = 50,
+def write_demo(out: str | Path, *, train_per_class: int = 120, val_per_class: int = 30,
                seed: int = 0, gray_every: int = 25, progress: bool = True,
                photo_like: bool = False) -> Path:
     """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`."""

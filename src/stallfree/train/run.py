@@ -160,8 +160,8 @@ class _Eta:
         self.done = True
         per_step = (time.perf_counter() - self.started) / max(1, steps)
         left = (self.total_steps - self.trainer.optimizer_steps) * per_step
-        tqdm.write(f"stallfree: about {left / 60:.1f} min to go: {self.total_steps} steps at "
-                   f"{per_step:.2f} s each (validation not included)")
+        tqdm.write(f"stallfree: about {left / 60:.1f} min to go ({self.total_steps} steps in "
+                   f"all at {per_step:.2f} s each; validation not included)")
 
 
 def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
