@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_demo_recipe_loads() -> None:
     recipe = load_recipe(REPO / "pipelines" / "demo.toml")
     assert recipe.model.name == "small_cnn"
-    assert recipe.augment.image_size == 64
+    assert recipe.augment.image_size == 48 and recipe.train.precision == "auto"
 
 
 @pytest.mark.parametrize("raw, needle", [
