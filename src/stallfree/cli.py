@@ -12,7 +12,7 @@ from pathlib import Path
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree.data.registry import BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
-from stallfree.recipe import Recipe, RecipeError, apply_overrides, load_recipe
+from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +45,15 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--photo-like", action="store_true",
                       help="natural-image texture, short side 333-500, ~100 KB JPEGs (for benchmarks)")
+    check = data_sub.add_parser("check", help="decode every image of ROOT/{train,val}; name the "
+                                              "bad ones; exit 1 if there are any")
+    check.add_argument("root", help="dataset folder with train/ and val/")
+    check.add_argument("--workers", type=int, default=-1, help="decoding processes (default: cores)")
+    check.add_argument("--write-list", metavar="FILE",
+                       help="write the good files, one per line, for data.file_list")
+    check.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                       help="refuse larger images, as data.max_pixels does")
+    check.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _int_list(text: str) -> list[int]:
@@ -73,6 +82,16 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
 
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="top-1/top-5 of a checkpoint on the val split (torchrun too)")
+    p.add_argument("recipe", help="the recipe the checkpoint was trained with")
+    p.add_argument("--checkpoint", required=True, help="a ckpt-<step>.pt file")
+    p.add_argument("--loader", help=f"loader backend: {' | '.join(BACKENDS)} | module:function")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
+
+
 def _compare_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="print the summaries of several runs side by side")
     p.add_argument("runs", nargs="+", help="run directories holding summary.json")
@@ -85,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _data_parser(sub)
     _bench_parser(sub)
+    _eval_parser(sub)
     _compare_parser(sub)
     return parser
 
@@ -97,7 +117,7 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
         overrides.insert(0, f"loader.backend={args.loader}")
     if args.device:
         overrides.insert(0, f"train.device={args.device}")
-    if args.epochs is not None:
+    if getattr(args, "epochs", None) is not None:
         overrides.insert(0, f"train.epochs={args.epochs}")
     return apply_overrides(recipe, overrides)
 
@@ -128,12 +148,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "check":
+        return _data_check(args)
     from stallfree.data.demo import write_demo
 
     out = write_demo(args.out, train_per_class=args.train_per_class,
                      val_per_class=args.val_per_class, seed=args.seed, photo_like=args.photo_like)
     print(f"wrote demo data to {out}")
     return 0
+
+
+def _data_check(args: argparse.Namespace) -> int:
+    from stallfree.data.check import check_dataset, summary
+
+    report = check_dataset(args.root, workers=args.workers, max_pixels=args.max_pixels,
+                           progress=not args.no_progress)
+    print(summary(report))
+    if args.write_list:
+        Path(args.write_list).write_text(report.clean_list())
+        print(f"wrote {len(report.good)} good files to {args.write_list} (use it as data.file_list)")
+    return 1 if report.bad else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -154,6 +188,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     written = write_report(result, args.out, command="stallfree " + " ".join(sys.argv[1:]))
     print((Path(args.out) / "bench.md").read_text())
     print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from stallfree.train.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(resolve_recipe(args), args.checkpoint)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"{args.checkpoint}: top-1 {result['val_top1']:.4f}, top-5 "
+                  f"{result['val_top5']:.4f} on {result['samples']} val images")
     return 0
 
 
@@ -183,7 +230,8 @@ def _pct(value: object) -> str:
     return f"{100 * value:.1f}%" if isinstance(value, float) else "-"
 
 
-COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "compare": cmd_compare}
+COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cmd_eval,
+            "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,6 +90,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = field(default=20, metadata=_at_least(1))
     channels_last: bool = False
+    sync_bn: bool = False  # BatchNorm statistics over all ranks (DDP on CUDA)
     max_nonfinite_steps: int = field(default=10, metadata=_at_least(1))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only

@@ -6,11 +6,12 @@ import math
 import warnings
 
 import torch
+from torch import nn
 
 from stallfree.metrics import Sink
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe
+from stallfree.recipe import Recipe, RecipeError
 from stallfree.train.distributed import wrap_model
 from stallfree.train.schedule import build_optimizer, warmup_cosine
 from stallfree.train.trainer import Trainer, TrainerConfig
@@ -21,12 +22,23 @@ def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
     return math.ceil(train_batches / accum_steps)
 
 
+def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo,
+                   device: torch.device) -> nn.Module:
+    """`train.sync_bn` under DDP: BatchNorm layers that average statistics over all ranks."""
+    if not recipe.train.sync_bn or dist.world_size <= 1:
+        return model
+    if device.type != "cuda":
+        raise RecipeError("train.sync_bn = true needs CUDA devices (SyncBatchNorm does not run "
+                          "on the CPU); set it to false for a CPU run")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, device: torch.device,
                   dist: DistInfo | None = None, sinks: list[Sink] | None = None,
                   progress: bool = True, log_every: int | None = None) -> Trainer:
     """Model, optimizer and schedule from the recipe (precision already resolved), in a Trainer."""
     dist = dist or DistInfo()
-    model = build_model(recipe.model, num_classes).to(device)
+    model = sync_batchnorm(build_model(recipe.model, num_classes), recipe, dist, device).to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = wrap_model(model, device, dist)

@@ -229,30 +229,9 @@ class Trainer:
                         wait=f"{100 * record['data_wait_frac']:.0f}%")
         self._window = self._new_window()
 
-    @torch.no_grad()
     def evaluate(self, loader: Loader) -> dict[str, float]:
-        """Top-1 and top-5 accuracy over this loader, summed across ranks.
-
-        Ranks may hold different numbers of val batches (every sample is read exactly once), so
-        the model runs unwrapped: DDP's forward must not wait for ranks that have finished.
-        """
-        model = getattr(self.model, "module", self.model)
-        if self.dist.world_size > 1:
-            broadcast_buffers(model)  # BatchNorm statistics as checkpointed (rank 0's)
-        model.eval()
-        counts = torch.zeros(3, device=self.device)  # top1, top5, samples
-        for batch in loader:
-            with self.policy.autocast():
-                logits = model(batch.images)
-            k = min(5, logits.shape[1])
-            top = logits.float().topk(k, dim=1).indices
-            hits = top.eq(batch.labels[:, None])
-            counts[0] += hits[:, 0].sum()
-            counts[1] += hits.any(dim=1).sum()
-            counts[2] += batch.labels.numel()
-        top1, top5, total = all_reduce_sum(counts).tolist()
-        return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1),
-                "val_samples": int(total)}
+        """Top-1 and top-5 accuracy over this loader, summed across ranks."""
+        return evaluate_model(self.model, loader, self.policy, self.device, self.dist)
 
     def fit(self, train_loader: Loader, val_loader: Loader | None, *, epochs: int,
             start_epoch: int = 0) -> dict[str, Any]:
@@ -307,3 +286,30 @@ class Trainer:
     def _new_window(self) -> _Window:
         zero = torch.zeros((), device=self.device)
         return _Window(loss_sum=zero, grad_norm_sum=zero.clone())
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, loader: Loader, policy: PrecisionPolicy,
+                   device: torch.device, dist: DistInfo) -> dict[str, float]:
+    """Top-1 and top-5 accuracy over `loader`, summed across ranks, and the samples counted.
+
+    Ranks may hold different numbers of val batches (every sample is read exactly once), so
+    the model runs unwrapped: DDP's forward must not wait for ranks that have finished.
+    """
+    model = getattr(model, "module", model)
+    if dist.world_size > 1:
+        broadcast_buffers(model)  # BatchNorm statistics as checkpointed (rank 0's)
+    model.eval()
+    counts = torch.zeros(3, device=device)  # top1, top5, samples
+    for batch in loader:
+        with policy.autocast():
+            logits = model(batch.images)
+        k = min(5, logits.shape[1])
+        top = logits.float().topk(k, dim=1).indices
+        hits = top.eq(batch.labels[:, None])
+        counts[0] += hits[:, 0].sum()
+        counts[1] += hits.any(dim=1).sum()
+        counts[2] += batch.labels.numel()
+    top1, top5, total = all_reduce_sum(counts).tolist()
+    return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1),
+            "val_samples": int(total)}

@@ -1,0 +1,118 @@
+"""`stallfree data check`: decode every image of a dataset and name each bad one.
+
+A file the checker passes is one both loaders decode (the same `imageio` rules, full decode, not
+just the header), so its clean list (`--write-list`) is safe for `data.file_list` under either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from stallfree.data.dataset import SPLITS, DatasetError
+from stallfree.data.imageio import IMAGE_EXTENSIONS, BadImageError, open_rgb
+from stallfree.parallel import cpu_cores
+from stallfree.recipe import DEFAULT_MAX_PIXELS
+
+# Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
+KINDS = ("zero bytes", "not an image", "truncated", "over the pixel limit",
+         "unsupported format or mode", "decode error", "not an image file type")
+
+
+def kind_of(reason: str) -> str:
+    """The problem kind of a BadImageError reason."""
+    text = reason.lower()
+    rules = (("file type", "not an image file type"), ("empty file", "zero bytes"),
+             ("cannot identify", "not an image"),
+             ("not an image", "not an image"), ("truncated", "truncated"),
+             ("max_pixels", "over the pixel limit"), ("not accepted", "unsupported format or mode"),
+             ("pixel mode", "unsupported format or mode"), ("dali", "unsupported format or mode"))
+    return next((kind for needle, kind in rules if needle in text), "decode error")
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """What a check found: good files, bad files with reasons, counts by class and by kind."""
+
+    root: Path
+    good: list[Path] = field(default_factory=list)
+    bad: list[tuple[Path, str]] = field(default_factory=list)
+    per_class: Counter[str] = field(default_factory=Counter)
+    per_class_bad: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def per_kind(self) -> Counter[str]:
+        return Counter(kind_of(reason) for _, reason in self.bad)
+
+    def clean_list(self) -> str:
+        """One good file per line, relative to the root: the format `data.file_list` reads."""
+        lines = sorted(str(p.relative_to(self.root)) for p in self.good)
+        return f"# stallfree data check {self.root}: {len(lines)} good files\n" + "\n".join(lines) + "\n"
+
+
+def _decode(job: tuple[str, int]) -> str | None:
+    path, max_pixels = job
+    try:
+        open_rgb(path, max_pixels)
+    except BadImageError as exc:
+        return exc.reason
+    return None
+
+
+def _files(root: Path) -> list[Path]:
+    """Every file under ROOT/{train,val}/<class>/ (hidden ones aside)."""
+    found: list[Path] = []
+    for split in SPLITS:
+        split_dir = root / split
+        if not split_dir.is_dir():
+            raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
+        for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
+            found += sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    return found
+
+
+def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  progress: bool = True) -> CheckReport:
+    """Fully decode every image under ROOT/{train,val} in `workers` processes."""
+    root = Path(root)
+    files = _files(root)
+    report = CheckReport(root=root)
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
+    for path in files:
+        report.per_class[f"{path.parent.parent.name}/{path.parent.name}"] += 1
+        if path.suffix.lower() not in IMAGE_EXTENSIONS:
+            report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
+    started = time.perf_counter()
+    workers = cpu_cores() if workers < 1 else workers
+    with ProcessPoolExecutor(workers) as pool:
+        reasons = pool.map(_decode, [(str(p), max_pixels) for p in images], chunksize=16)
+        for path, reason in tqdm(zip(images, reasons), total=len(images), unit="img",
+                                 desc=f"checking {root}", disable=not progress):
+            if reason is None:
+                report.good.append(path)
+            else:
+                report.bad.append((path, reason))
+    report.seconds = time.perf_counter() - started
+    for path, _ in report.bad:
+        report.per_class_bad[f"{path.parent.parent.name}/{path.parent.name}"] += 1
+    return report
+
+
+def summary(report: CheckReport) -> str:
+    """The report as text: each bad file with its reason, then counts by kind and by class."""
+    lines = [f"BAD {path}: {reason}" for path, reason in report.bad]
+    rate = len(report.good) / report.seconds if report.seconds else 0.0
+    lines.append(f"{len(report.good)} good, {len(report.bad)} bad files in {report.root} "
+                 f"({report.seconds:.1f} s, {rate:.0f} good images/s)")
+    for kind, count in sorted(report.per_kind.items(), key=lambda kv: KINDS.index(kv[0])):
+        lines.append(f"  {kind}: {count}")
+    bad_classes = [c for c in sorted(report.per_class) if report.per_class_bad[c]]
+    for name in bad_classes:
+        lines.append(f"  {name}: {report.per_class_bad[name]} of {report.per_class[name]} bad")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""`stallfree eval`: a checkpoint's top-1 and top-5 on the val split, on one process or many.
+
+Every val sample is read exactly once across ranks (see `ShardPlan`), so the figures and the
+sample count are the same on 1 and on N ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stallfree.data.loader import build_loader
+from stallfree.models import build_model
+from stallfree.parallel import DistInfo
+from stallfree.recipe import Recipe
+from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.distributed import init_distributed, shutdown
+from stallfree.train.precision import PrecisionPolicy
+from stallfree.train.run import prepare
+from stallfree.train.trainer import evaluate_model
+
+
+def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:
+    """Load the checkpoint's weights into the recipe's model and evaluate the val split."""
+    dist = DistInfo.from_env()
+    recipe, device, dataset = prepare(recipe, dist)
+    state = load_checkpoint(checkpoint)
+    init_distributed(dist, device)
+    loader = build_loader(recipe, "val", device=device, dist=dist, dataset=dataset)
+    try:
+        model = build_model(recipe.model, recipe.model.num_classes or (
+            dataset.num_classes if dataset else recipe.data.synthetic_classes))
+        model.load_state_dict(state["model"])
+        if recipe.train.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        policy = PrecisionPolicy(recipe.train.precision, device.type)
+        result = evaluate_model(model.to(device), loader, policy, device, dist)
+    finally:
+        loader.close()
+    shutdown()
+    return {"val_top1": result["val_top1"], "val_top5": result["val_top5"],
+            "samples": result["val_samples"], "checkpoint": str(checkpoint),
+            "precision": recipe.train.precision, "world_size": dist.world_size}

@@ -1,0 +1,92 @@
+"""`stallfree data check`: every odd file classified, and the clean list both loaders accept."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from helpers import small_recipe
+from stallfree.cli import main
+from stallfree.data.check import check_dataset
+from stallfree.data.loader import build_loader
+
+
+def _jpeg(size: tuple[int, int] = (40, 30)) -> bytes:
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _odd_files() -> dict[str, tuple[bytes | Image.Image, str]]:
+    """name -> (content, the problem kind the checker must report; "" for a good file)."""
+    bomb = bytearray(_jpeg((16, 16)))
+    sof = bomb.index(b"\xff\xc0")
+    bomb[sof + 5:sof + 9] = struct.pack(">HH", 30000, 30000)
+    grey16 = Image.fromarray((np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16))
+    palette = Image.new("P", (32, 32), 3)
+    palette.info["transparency"] = 3
+    return {
+        "zero.jpg": (b"", "zero bytes"),
+        "text.jpg": (b"this is a text file, not a photo\n", "not an image"),
+        "truncated.jpg": (_jpeg((300, 200))[:1500], "truncated"),
+        "bomb.jpg": (bytes(bomb), "over the pixel limit"),
+        "notes.txt": (b"hello", "not an image file type"),
+        "cmyk.jpg": (Image.new("CMYK", (32, 32), (10, 200, 30, 0)), ""),
+        "grey16.png": (grey16, ""),
+        "palette_trns.png": (palette, ""),
+        "good.jpg": (_jpeg(), ""),
+    }
+
+
+def _write(root: Path) -> dict[str, str]:
+    expected = {}
+    for split in ("train", "val"):
+        folder = root / split / "a"
+        folder.mkdir(parents=True)
+        for k in range(3):
+            (folder / f"ok{k}.jpg").write_bytes(_jpeg())
+    for name, (content, kind) in _odd_files().items():
+        path = root / "train" / "a" / name
+        if isinstance(content, Image.Image):
+            content.save(path)
+        else:
+            path.write_bytes(content)
+        expected[f"train/a/{name}"] = kind
+    return expected
+
+
+def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(
+        tmp_path: Path) -> None:
+    expected = _write(tmp_path)
+    report = check_dataset(tmp_path, workers=2, progress=False)
+    from stallfree.data.check import kind_of
+
+    found = {str(p.relative_to(tmp_path)): kind_of(reason) for p, reason in report.bad}
+    assert found == {name: kind for name, kind in expected.items() if kind}
+    listed = {line for line in report.clean_list().splitlines() if not line.startswith("#")}
+    assert listed == {str(p.relative_to(tmp_path)) for p in report.good}
+    assert "train/a/grey16.png" in listed and "train/a/bomb.jpg" not in listed
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_the_clean_list_trains_under_both_loaders(tmp_path: Path, backend: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path / "data")
+    clean = tmp_path / "clean.txt"
+    assert main(["data", "check", str(tmp_path / "data"), "--workers", "1", "--no-progress",
+                 "--write-list", str(clean)]) == 1  # bad files exist: exit 1
+    out = capsys.readouterr().out
+    assert "BAD" in out and "truncated: 1" in out and "over the pixel limit: 1" in out
+    recipe = small_recipe(tmp_path / "data", data={"file_list": str(clean)},
+                          loader={"backend": backend}, train={"batch_size": 2})
+    loader = build_loader(recipe, "train", device=torch.device("cpu"))
+    assert sum(b.labels.numel() for b in loader) == 6  # 3 ok + cmyk, grey16, palette, good: 7 -> 3 x 2
+    loader.close()
+    assert main(["data", "check", str(tmp_path / "data"), "--workers", "1", "--no-progress"]) == 1
