@@ -201,3 +201,9 @@ def test_summary_and_recipe_carry_the_resolved_precision(image_root: Path, tmp_p
     expected = "bf16" if cpu_has_native_bf16() else "fp32"
     assert summary["precision"] == expected
     assert load_recipe(tmp_path / "run" / "recipe.toml").train.precision == expected
+
+
+def test_the_cli_imports_without_torch() -> None:
+    """`stallfree --help` and argument errors answer without loading torch (seconds saved)."""
+    code = "import sys, stallfree.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -55,7 +55,9 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     machine, cfg, limit = result["machine"], result["config"], result.get("limit")
     lines = [
         "# stallfree bench", "",
-        f"Machine: {machine['cpu']}, {machine['cores_available']} cores available, "
+        f"Machine: {machine['cpu']} (native bf16: "
+        f"{ {True: 'yes', False: 'no'}.get(machine.get('cpu_native_bf16'), '?') }), "
+        f"{machine['cores_available']} cores available, "
         f"GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, DALI {machine['dali'] or '-'}, "
         f"Python {machine['python']}.",
         f"Recipe: {cfg['model']}, batch {cfg['batch_size']}, {cfg['image_size']} px, "

@@ -112,7 +112,8 @@ class Trainer:
             raise MicroBatchOOMError(
                 f"out of memory on a micro-batch of {batch.images.shape[0]} images "
                 f"(train.batch_size). Lower train.batch_size and raise train.accum_steps "
-                f"(now {self.config.accum_steps}) to keep the same global batch."
+                f"(now {self.config.accum_steps}) to keep the same global batch; --resume auto "
+                "continues from the last checkpoint with the new split."
             ) from exc
         self._window.loss_sum += loss.detach() * batch.labels.numel()
         self._window.samples += batch.labels.numel()
