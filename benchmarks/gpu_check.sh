@@ -10,7 +10,7 @@
 # nvidia_dali_cuda120-*.whl (or -cuda130 for a CUDA 13 torch), installed with --no-deps.
 # Exit codes: 0 all tested and passed; 1 a test or run failed; 3 passed, but DALI was missing so
 # its GPU path was NOT tested (REQUIRE_DALI=1 turns that into a failure before anything runs).
-# DEVICE=cpu MODELS=small_cnn dry-runs the script on a machine without a GPU.
+# DEVICE=cpu MODEL=small_cnn TRAIN_BATCH=8 dry-runs the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,6 +20,7 @@ DATA=${DATA:-data/gpu_check}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-resnet50}
 REQUIRE_DALI=${REQUIRE_DALI:-0}
+TRAIN_BATCH=${TRAIN_BATCH:-128}   # a CPU dry run wants a small one, e.g. TRAIN_BATCH=8
 say() { printf 'gpu_check: %s\n' "$*" >&2; }
 
 if [ "$DEVICE" = cuda ]; then
@@ -27,6 +28,14 @@ if [ "$DEVICE" = cuda ]; then
     || { say "CUDA (or torch) is not available to $PY"; exit 1; }
   $PY -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(0))"
 fi
+# A machine without network: carry the pure-Python dependencies as wheels (pip download -d DIR
+# tomli-w tqdm) and point WHEELHOUSE at them.
+if [ -n "${WHEELHOUSE:-}" ]; then
+  $PY -m pip install -q --no-index --find-links "$WHEELHOUSE" tomli-w tqdm pillow numpy || exit 1
+fi
+$PY -c "import stallfree.cli, PIL, numpy, tqdm" 2>/dev/null || {
+  say "stallfree's dependencies do not import with $PY (tomli-w, tqdm, pillow, numpy):"
+  say "pip install them, or carry wheels and set WHEELHOUSE=/path/to/wheels"; exit 1; }
 if [ -n "${DALI_WHEEL:-}" ]; then
   case "$(basename "$DALI_WHEEL")" in
     nvidia_dali_cuda1[23]0-*.whl) $PY -m pip install -q --no-deps "$DALI_WHEEL" || exit 1 ;;
@@ -65,7 +74,7 @@ $PY -m stallfree bench pipelines/bench.toml --mode loader --backends "$backends"
   || { status=1; tail -5 "$OUT_DIR/loader.log"; }
 $PY -m stallfree bench pipelines/bench.toml --mode train --backends "$backends" --batches 10 \
   "${common[@]}" --set "model.name=\"$MODEL\"" --set train.channels_last=true \
-  --set train.batch_size=128 --out "$OUT_DIR/train" > "$OUT_DIR/train.log" 2>&1 \
+  --set train.batch_size="$TRAIN_BATCH" --out "$OUT_DIR/train" > "$OUT_DIR/train.log" 2>&1 \
   || { status=1; tail -5 "$OUT_DIR/train.log"; }
 for mode in loader train; do
   [ -f "$OUT_DIR/$mode/bench.md" ] && grep -E '^\| (loader|train) ' "$OUT_DIR/$mode/bench.md"
