@@ -14,6 +14,7 @@ from PIL import Image
 from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.check import check_dataset
+from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
 
 
@@ -90,3 +91,71 @@ def test_the_clean_list_trains_under_both_loaders(tmp_path: Path, backend: str,
     assert sum(b.labels.numel() for b in loader) == 6  # 3 ok + cmyk, grey16, palette, good: 7 -> 3 x 2
     loader.close()
     assert main(["data", "check", str(tmp_path / "data"), "--workers", "1", "--no-progress"]) == 1
+
+
+def _root_with_bad_train_files(root: Path) -> list[Path]:
+    """10 good train images, 4 val, and 2 bad train files (truncated, bomb) among them."""
+    for split, n in (("train", 10), ("val", 4)):
+        folder = root / split / "a"
+        folder.mkdir(parents=True)
+        for k in range(n):
+            (folder / f"{k:02d}.jpg").write_bytes(_jpeg())
+    files = _odd_files()
+    bad = [root / "train" / "a" / "03_truncated.jpg", root / "train" / "a" / "07_bomb.jpg"]
+    bad[0].write_bytes(files["truncated.jpg"][0])
+    bad[1].write_bytes(files["bomb.jpg"][0])
+    return bad
+
+
+def test_skip_on_torch_drops_the_bad_samples_and_duplicates_none(tmp_path: Path) -> None:
+    bad = _root_with_bad_train_files(tmp_path)
+    recipe = small_recipe(tmp_path, data={"on_error": "skip"}, train={"batch_size": 4})
+    with pytest.warns(UserWarning, match="1 file.*will be left out.*07_bomb"):
+        loader = build_loader(recipe, "train", device=torch.device("cpu"))
+    with pytest.warns(UserWarning, match=r"skipped .*03_truncated\.jpg"):
+        batches = list(loader)
+    loader.close()
+    # 12 files, batch 4: 3 batches with the epoch's order kept; the 2 bad ones leave holes.
+    assert len(batches) == 3 and sum(b.labels.numel() for b in batches) == 10
+    assert loader.skipped_samples == 2
+    pixels = torch.cat([b.images for b in batches]).flatten(1)
+    assert len({tuple(row[:64].tolist()) for row in pixels}) == 10  # no sample twice
+    recipe.data.on_error = "raise"
+    with pytest.raises(BadImageError, match="07_bomb"):
+        build_loader(recipe, "train", device=torch.device("cpu"))
+    assert bad[0].exists()
+
+
+def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
+    import json
+
+    from stallfree.train.run import train
+
+    _root_with_bad_train_files(tmp_path / "data")
+    recipe = small_recipe(tmp_path / "data", data={"on_error": "skip"},
+                          train={"batch_size": 4, "epochs": 2})
+    with pytest.warns(UserWarning):
+        train(recipe, tmp_path / "run", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4  # 2 a pass, 2 epochs
+
+
+@pytest.mark.dali
+def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import stallfree.data.check as check
+
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    _root_with_bad_train_files(tmp_path / "data")
+    recipe = small_recipe(tmp_path / "data", data={"on_error": "skip"},
+                          loader={"backend": "dali"}, train={"batch_size": 2})
+    with pytest.warns(UserWarning, match="2 file.*left out"):
+        loader = build_loader(recipe, "train", device=torch.device("cpu"))
+    assert len(loader) == 5 and sum(b.labels.numel() for b in loader) == 10
+    loader.close()
+    assert len(list((tmp_path / "cache").glob("check-*.json"))) == 1
+    monkeypatch.setattr(check, "_decode", None)  # a second start must not decode again
+    with pytest.warns(UserWarning, match="2 file.*left out"):
+        again = build_loader(recipe, "train", device=torch.device("cpu"))
+    assert len(again) == 5
+    again.close()

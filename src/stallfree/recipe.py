@@ -45,6 +45,9 @@ class DataConfig:
     file_list: str = ""
     # Images over this many pixels are refused before decoding (decompression bombs).
     max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_at_least(1))
+    # A file that cannot be decoded: "raise" stops the run naming it; "skip" drops the sample
+    # (torch) or leaves the file out after a cached check of the split (dali).
+    on_error: Literal["raise", "skip"] = "raise"
     # Used by the synthetic backend when there is no data root.
     synthetic_samples: int = field(default=1024, metadata=_at_least(1))
     synthetic_classes: int = field(default=10, metadata=_at_least(1))

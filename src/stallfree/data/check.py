@@ -6,6 +6,9 @@ just the header), so its clean list (`--write-list`) is safe for `data.file_list
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +19,8 @@ from tqdm import tqdm
 
 from stallfree.data.dataset import SPLITS, DatasetError
 from stallfree.data.imageio import IMAGE_EXTENSIONS, BadImageError, open_rgb
-from stallfree.parallel import cpu_cores
+from stallfree import __version__
+from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import DEFAULT_MAX_PIXELS
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
@@ -116,3 +120,57 @@ def summary(report: CheckReport) -> str:
     for name in bad_classes:
         lines.append(f"  {name}: {report.per_class_bad[name]} of {report.per_class[name]} bad")
     return "\n".join(lines)
+
+
+def cache_dir() -> Path:
+    """Where check results are kept: $STALLFREE_CACHE, else $XDG_CACHE_HOME/stallfree."""
+    base = os.environ.get("STALLFREE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stallfree")
+    return Path(base)
+
+
+def _cache_key(paths: list[str], max_pixels: int) -> str:
+    """Names, sizes and modification times of the files, the limit and the rules' version."""
+    digest = hashlib.sha256(f"{__version__} {max_pixels}".encode())
+    for path in paths:
+        st = os.stat(path)
+        digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_bad_files(paths: list[str], max_pixels: int, workers: int,
+                     dist: DistInfo | None = None) -> dict[str, str]:
+    """{path: reason} for the files of `paths` that do not decode, checked once and cached.
+
+    Each rank decodes its share; the results are gathered when a process group exists, so
+    every rank leaves out the same files.
+    """
+    dist = dist or DistInfo()
+    cache = cache_dir() / f"check-{_cache_key(paths, max_pixels)}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())["bad"]
+    share = paths[dist.rank::dist.world_size]
+    with ProcessPoolExecutor(max(1, workers)) as pool:
+        reasons = pool.map(_decode, [(p, max_pixels) for p in share], chunksize=16)
+        bad = {p: r for p, r in tqdm(zip(share, reasons), total=len(share), unit="img",
+                                     desc="checking images (data.on_error = skip)",
+                                     disable=dist.rank != 0 or len(share) < 10_000) if r}
+    bad = _gathered(bad, dist)
+    if dist.rank == 0:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"files": len(paths), "bad": bad}))
+        os.replace(tmp, cache)
+    return bad
+
+
+def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str]:
+    if dist.world_size <= 1:
+        return bad
+    import torch.distributed as torch_dist
+
+    if not torch_dist.is_initialized():
+        raise RuntimeError("data.on_error = skip with several ranks needs the process group")
+    parts: list[dict[str, str] | None] = [None] * dist.world_size
+    torch_dist.all_gather_object(parts, bad)
+    return {path: reason for part in parts for path, reason in (part or {}).items()}

@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from stallfree.data.imageio import BadImageError, check_headers
+from stallfree.data.check import cached_bad_files
+from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -103,10 +105,14 @@ class DaliLoader(ShardedLoader):
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None:
             raise BackendError("the dali backend needs a dataset listing (data.root)")
-        super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
+        opts = spec.loader.dali
+        # DALI needs at least one thread: 0 means "derive it", like -1.
+        self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
+                                   spec.dist.local_world_size)
+        files, labels = _usable_files(spec, self.threads)
+        super().__init__(len(files), batch_size=spec.batch_size, dist=spec.dist,
                          train=spec.train, seed=spec.seed)
         self.spec = spec
-        opts = spec.loader.dali
         # loader.dali.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
         gpu = spec.device.type == "cuda" and opts.device != "cpu"
         self.device_id = (spec.device.index or 0) if gpu else None
@@ -116,17 +122,12 @@ class DaliLoader(ShardedLoader):
         self.prefetcher = DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std,
                                            spec.dtype, spec.channels_last) \
             if spec.device.type == "cuda" and not gpu else None
-        # DALI needs at least one thread: 0 means "derive it", like -1.
-        self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
-                                   spec.dist.local_world_size)
-        self._paths = np.array(spec.listing.files)
-        self._labels = np.array(spec.listing.labels, dtype=np.int64)
+        self._paths = np.array(files)
+        self._labels = np.array(labels, dtype=np.int64)
         self._iterator: DALIGenericIterator | None = None
         self._files: list[str] = []  # what the live pipeline reads, in order
         self._list_start = 0  # global position at which that list begins
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
-        # DALI cannot skip a sample, and a decompression bomb would decode to many GB first.
-        check_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, self.threads)
 
     def _build(self) -> DALIGenericIterator:
         """A pipeline over this rank's remaining files of the epoch (or the whole epoch's, when
@@ -221,6 +222,30 @@ class DaliLoader(ShardedLoader):
 
     def close(self) -> None:
         self._close_iterator()
+
+
+def _usable_files(spec: LoaderSpec, threads: int) -> tuple[list[str], list[int]]:
+    """The split's files and labels that DALI may read.
+
+    DALI cannot skip a sample, and a decompression bomb would decode to many GB first: every
+    header is checked (this rank's share), and a bad one raises. Under data.on_error = "skip"
+    the split is fully decoded once instead (cached by names, sizes and times) and the bad files
+    are left out, so the epoch has fewer samples than the torch backend's.
+    """
+    assert spec.listing is not None
+    files, labels = spec.listing.files, spec.listing.labels
+    if spec.on_error != "skip":
+        bad = bad_headers(files[spec.dist.rank::spec.dist.world_size], spec.max_pixels, threads)
+        if bad:
+            raise bad[0]
+        return files, labels
+    bad_files = cached_bad_files(files, spec.max_pixels, threads, spec.dist)
+    if bad_files:
+        warnings.warn(f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
+                      f"left out: {'; '.join(f'{p}: {r}' for p, r in list(bad_files.items())[:3])}",
+                      stacklevel=3)
+    kept = [(f, label) for f, label in zip(files, labels) if f not in bad_files]
+    return [f for f, _ in kept], [label for _, label in kept]
 
 
 def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:

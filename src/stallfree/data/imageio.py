@@ -89,9 +89,9 @@ def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, 
     return size
 
 
-def check_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
-                  threads: int = 1) -> None:
-    """`check_header` on every file (in `threads` threads); raise the first file's error.
+def bad_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
+                threads: int = 1) -> list[BadImageError]:
+    """`check_header` on every file (in `threads` threads): the errors, in file order.
 
     The loaders run it at start-up on their share of the dataset, so a bad file stops a run
     before its first step, under either backend.
@@ -104,9 +104,7 @@ def check_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
         return None
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        for error in pool.map(problem, paths, chunksize=64):
-            if error is not None:
-                raise error
+        return [error for error in pool.map(problem, paths, chunksize=64) if error is not None]
 
 
 def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, int]:

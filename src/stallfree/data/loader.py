@@ -43,6 +43,7 @@ class LoaderSpec:
     channels_last: bool
     dist: DistInfo = field(default_factory=DistInfo)
     max_pixels: int = DEFAULT_MAX_PIXELS
+    on_error: str = "raise"  # data.on_error: "raise" or "skip"
     synthetic_samples: int = 0  # dataset size the synthetic backend pretends when there is no data
 
     @property
@@ -106,6 +107,7 @@ class ShardedLoader(Loader):
         self.plan = ShardPlan(n, batch_size, dist.rank, dist.world_size, drop_last=train)
         self.shuffle, self.seed = train, seed
         self._epoch, self._start, self._taken = 0, 0, 0
+        self.skipped_samples = 0  # bad files dropped under data.on_error = "skip", this rank
 
     @property
     def epoch(self) -> int:
@@ -187,6 +189,7 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
         seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
         channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
+        on_error=recipe.data.on_error,
         synthetic_samples=recipe.data.synthetic_samples,
     )
     return resolve_backend(backend)(spec)

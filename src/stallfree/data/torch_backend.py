@@ -6,6 +6,7 @@ normalisation on the device in a prefetcher that overlaps the next copy with com
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -14,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import BadImageError, check_headers
+from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -97,14 +98,21 @@ class TorchLoader(ShardedLoader):
         super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
                          train=spec.train, seed=spec.seed)
         workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
-        # Headers first, as the dali backend does: a bad file stops the run before its first step.
-        check_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, max(1, workers))
+        # Headers first, as the dali backend does: a bad file stops the run before its first step,
+        # or (data.on_error = "skip") is announced now and dropped when its batch comes.
+        self.skip = spec.on_error == "skip"
+        bad = bad_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, max(1, workers))
+        if bad and not self.skip:
+            raise bad[0]
+        if bad:
+            warnings.warn(f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
+                          f"batch comes: {'; '.join(map(str, bad[:3]))}", stacklevel=2)
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
             ImageDataset(spec.listing.samples, transform, spec.augment, spec.max_pixels),
             batch_sampler=_LoaderSampler(self),
             num_workers=workers,
-            collate_fn=_Checked(collate),
+            collate_fn=_Checked(collate, self.skip),
             pin_memory=spec.device.type == "cuda",
             worker_init_fn=_worker_init if workers > 0 else None,
             persistent_workers=workers > 0,
@@ -114,7 +122,23 @@ class TorchLoader(ShardedLoader):
             spec.device, spec.augment.mean, spec.augment.std, spec.dtype, spec.channels_last)
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._counted(self.to_device(_raise_bad(iter(self.dataloader))))
+        return self._counted(self.to_device(self._screen(iter(self.dataloader))))
+
+    def _screen(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """A worker's decode failures, in the main process: raise one line naming the file, or
+        (skip) warn, count, and pass on the rest of the batch."""
+        for batch in batches:
+            if isinstance(batch, BadSample):
+                raise BadImageError(batch.path, batch.reason)
+            if isinstance(batch, _Partial):
+                for bad in batch.bad:
+                    self.skipped_samples += 1
+                    warnings.warn(f"skipped {bad.path}: {bad.reason}", stacklevel=2)
+                if batch.batch is None:
+                    raise BadImageError(batch.bad[0].path, "every image of its micro-batch is bad; "
+                                        "clean the data with `stallfree data check`")
+                batch = batch.batch
+            yield batch
 
     def close(self) -> None:
         shutdown_workers(self.dataloader)
@@ -127,23 +151,28 @@ class BadSample(NamedTuple):
     reason: str
 
 
-class _Checked:
-    """Collate that passes the first BadSample of a batch through instead of collating."""
+class _Partial(NamedTuple):
+    """A batch whose bad samples were dropped (data.on_error = "skip"); None if none was good."""
 
-    def __init__(self, collate: Collate) -> None:
-        self.collate = collate
+    batch: Any
+    bad: list[BadSample]
+
+
+class _Checked:
+    """Collate that keeps a worker's BadSamples out of the batch: the first is passed on alone
+    (raise), or the rest is collated and the bad ones ride along (skip)."""
+
+    def __init__(self, collate: Collate, skip: bool) -> None:
+        self.collate, self.skip = collate, skip
 
     def __call__(self, items: list[tuple[Any, int]]) -> Any:
-        bad = next((image for image, _ in items if isinstance(image, BadSample)), None)
-        return bad if bad is not None else self.collate(items)
-
-
-def _raise_bad(batches: Iterator[Any]) -> Iterator[Any]:
-    """Raise a worker's decode failure in the main process: one line that names the file."""
-    for batch in batches:
-        if isinstance(batch, BadSample):
-            raise BadImageError(batch.path, batch.reason)
-        yield batch
+        bad = [image for image, _ in items if isinstance(image, BadSample)]
+        if not bad:
+            return self.collate(items)
+        if not self.skip:
+            return bad[0]
+        good = [item for item in items if not isinstance(item[0], BadSample)]
+        return _Partial(self.collate(good) if good else None, bad)
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -23,7 +23,7 @@ from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml, validate
 from stallfree.train.build import build_trainer, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
-from stallfree.train.distributed import init_distributed, resolve_device, shutdown
+from stallfree.train.distributed import all_reduce_sum, init_distributed, resolve_device, shutdown
 from stallfree.train.precision import resolve_precision
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import StopSignal, check_compatible, find_resume, restore, training_state
@@ -125,6 +125,12 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     return summary
 
 
+def _skipped(loader: Loader, device: torch.device) -> int:
+    """Bad samples every rank has dropped so far (every rank logs at the same steps)."""
+    count = torch.tensor([float(getattr(loader, "skipped_samples", 0))], device=device)
+    return int(all_reduce_sum(count).item())
+
+
 def _barrier_after_checks() -> None:
     # No rank writes into the run directory before every rank has finished checking it.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -182,6 +188,8 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
     monitor = GpuMonitor.maybe(device)
     if monitor is not None:
         trainer.record_extras.append(monitor.sample)
+    if recipe.data.on_error == "skip":
+        trainer.record_extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
     with StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler, \
             StopSignal() as stop:
 

@@ -226,8 +226,9 @@ class Trainer:
         for extra in self.record_extras:
             record.update(extra())
         self._emit(record)
+        skipped = {"skipped": record["skipped_samples"]} if "skipped_samples" in record else {}
         bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{record['images_per_s']:.0f}",
-                        wait=f"{100 * record['data_wait_frac']:.0f}%")
+                        wait=f"{100 * record['data_wait_frac']:.0f}%", **skipped)
         self._window = self._new_window()
 
     def evaluate(self, loader: Loader) -> dict[str, float]:
