@@ -197,3 +197,17 @@ def test_resume_with_another_micro_batch_split(image_root: Path, tmp_path: Path,
     assert summary["optimizer_steps"] == 8  # 2 more steps in epoch 0 (not 4: none repeated), 4 in 1
     state = load_checkpoint(run / "checkpoints" / "ckpt-000000004.pt")
     assert state["ranks"][0]["loader"]["epoch"] == 1 and state["ranks"][0]["loader"]["position"] == 0
+
+
+def test_a_checkpoint_counting_batches_is_refused(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, train={"batch_size": 16})
+    train(recipe, tmp_path / "a", progress=False)
+    path = tmp_path / "a" / "checkpoints" / "ckpt-000000003.pt"
+    state = load_checkpoint(path)
+    for rank in state["ranks"]:  # as stallfree 0.1 wrote it: position in batches
+        rank["loader"] = {"epoch": rank["loader"]["epoch"], "position": 2}
+    state["stallfree_version"] = "0.1.0"
+    torch.save(state, path)
+    recipe.train.epochs = 2
+    with pytest.raises(ResumeError, match="stallfree 0.1.0.*position in batches"):
+        train(recipe, tmp_path / "a", progress=False, resume="auto")

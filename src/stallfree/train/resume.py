@@ -82,6 +82,11 @@ def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, pat
     The micro-batch split and the world size may change as long as the global batch stays:
     positions are samples, so the resumed run continues on the next unseen sample.
     """
+    if "batch_size" not in state["ranks"][0]["loader"]:
+        raise ResumeError(f"cannot resume from {path}: it was written by stallfree "
+                          f"{state.get('stallfree_version', '< 0.2')}, which counted the loader "
+                          "position in batches, not samples; finish that run with the version "
+                          "that wrote it, or start this one in another --out")
     saved = _semantics(state["recipe"], int(state["world_size"]))
     now = _semantics(recipe.to_dict(), world_size)
     diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}"

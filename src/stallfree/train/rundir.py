@@ -64,7 +64,8 @@ class RunDir:
                 f"--resume auto, or start this one in another --out directory")
 
     def start(self, recipe_toml: str, metrics_records: int) -> None:
-        """Rank 0, once every check has passed: write the recipe, cut metrics back, clear the marker."""
+        """Rank 0, once every check has passed: write the recipe, cut metrics back to the
+        records the resumed checkpoint had seen (0 for a fresh start), clear the marker."""
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / RECIPE).write_text(recipe_toml)
         _truncate_lines(self.path / METRICS, metrics_records)
