@@ -115,14 +115,19 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             item.close()
         if all_ranks_here:
             shutdown()
-    summary.update(wall_s=time.perf_counter() - started, backend=recipe.loader.backend,
-                   device=str(device), precision=recipe.train.precision,
-                   world_size=dist.world_size, stallfree_version=__version__,
-                   global_batch=recipe.train.batch_size * recipe.train.accum_steps * dist.world_size,
-                   checkpoint_save_s=checkpointer.last_save_s)
+    summary.update(wall_s=time.perf_counter() - started, checkpoint_save_s=checkpointer.last_save_s,
+                   **_run_facts(recipe, device, dist))
     if dist.rank == 0:
         write_json_atomic(run.path / "summary.json", summary)
     return summary
+
+
+def _run_facts(recipe: Recipe, device: torch.device, dist: DistInfo) -> dict[str, Any]:
+    """What produced the summary's figures: backend, device, resolved precision, world, batch."""
+    return {"backend": recipe.loader.backend, "device": str(device),
+            "precision": recipe.train.precision, "world_size": dist.world_size,
+            "stallfree_version": __version__,
+            "global_batch": recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}
 
 
 def _skipped(loader: Loader, device: torch.device) -> int:
