@@ -236,3 +236,17 @@ def test_stop_flag_is_agreed_every_few_steps_under_ddp(monkeypatch: pytest.Monke
                           progress=False, log_every=100, stop_check_every=10))
     trainer.train_batches(iter(TensorLoader(images, labels, 8)), 25)
     assert len(calls) == 3  # steps 10, 20 and the last one (25): not 25 all-reduces
+
+
+def test_weight_decay_groups_and_nesterov() -> None:
+    from stallfree.train.schedule import build_optimizer
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)
+    # conv weight decayed; conv bias, BN weight and BN bias (1-D) not
+    assert sorted((g["weight_decay"], len(g["params"])) for g in opt.param_groups) == \
+        [(0.0, 3), (0.1, 1)]
+    assert all(g["nesterov"] for g in opt.param_groups)
+    opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1,
+                          exclude_norm_bias=False)
+    assert [(g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [(0.1, 4)]

@@ -76,7 +76,11 @@ class OptimConfig:
     name: Literal["sgd", "adamw"] = "sgd"
     lr: float = field(default=0.1, metadata=_at_least(0))
     momentum: float = 0.9
+    nesterov: bool = False  # sgd only
     weight_decay: float = field(default=5e-5, metadata=_at_least(0))
+    # No weight decay on BatchNorm weights and biases (every 1-D parameter): the usual ImageNet
+    # practice (Goyal et al. 2017; FFCV's bn_wd = 0).
+    wd_exclude_norm_bias: bool = True
     warmup_steps: int = field(default=0, metadata=_at_least(0))
     min_lr_frac: float = 0.0
     label_smoothing: float = 0.0

@@ -44,7 +44,8 @@ def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, devic
     model = wrap_model(model, device, dist)
     opt = recipe.optim
     optimizer = build_optimizer(model, opt.name, lr=opt.lr, momentum=opt.momentum,
-                                weight_decay=opt.weight_decay)
+                                weight_decay=opt.weight_decay, nesterov=opt.nesterov,
+                                exclude_norm_bias=opt.wd_exclude_norm_bias)
     total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
     if opt.warmup_steps >= total:
         warnings.warn(f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "

@@ -27,17 +27,21 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_
 
 
 def build_optimizer(model: torch.nn.Module, name: str, *, lr: float, momentum: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
-    """SGD (Nesterov-free, as in the ResNet-50 references) or AdamW.
+                    weight_decay: float, nesterov: bool = False,
+                    exclude_norm_bias: bool = True) -> torch.optim.Optimizer:
+    """SGD (optionally Nesterov) or AdamW.
 
-    Biases and normalisation parameters (every 1-D tensor) get no weight decay.
+    With `exclude_norm_bias`, biases and normalisation parameters (every 1-D tensor) get no
+    weight decay; otherwise every parameter does.
     """
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    params = [p for p in model.parameters() if p.requires_grad]
+    excluded = [p for p in params if exclude_norm_bias and p.ndim <= 1]
+    groups = [{"params": [p for p in params if not (exclude_norm_bias and p.ndim <= 1)],
+               "weight_decay": weight_decay}]
+    if excluded:
+        groups.append({"params": excluded, "weight_decay": 0.0})
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr)
     raise ValueError(f"optim.name = {name!r}; choose one of sgd, adamw")
