@@ -60,6 +60,10 @@ class AugmentConfig:
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 4.0 / 3.0])
     hflip: float = 0.5
+    # Batch mixing on the device after either loader (0: off); mix_prob: share of batches mixed.
+    mixup_alpha: float = field(default=0.0, metadata=_at_least(0))
+    cutmix_alpha: float = field(default=0.0, metadata=_at_least(0))
+    mix_prob: float = 1.0
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
 
@@ -98,6 +102,8 @@ class TrainConfig:
     log_every: int = field(default=20, metadata=_at_least(1))
     channels_last: bool = False
     sync_bn: bool = False  # BatchNorm statistics over all ranks (DDP on CUDA)
+    compile: bool = False  # torch.compile the model
+    ema_decay: float = 0.0  # EMA of the weights, evaluated beside them (0: off), e.g. 0.9998
     max_nonfinite_steps: int = field(default=10, metadata=_at_least(1))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only
@@ -301,8 +307,11 @@ def validate(recipe: Recipe) -> None:
             f"augment.resize_size ({aug.resize_size}) < augment.image_size ({aug.image_size}); "
             "the val center crop needs resize_size >= image_size"
         )
-    if not 0 <= aug.hflip <= 1:
-        raise RecipeError(f"augment.hflip = {aug.hflip}; a probability in [0, 1]")
+    for key in ("hflip", "mix_prob"):
+        if not 0 <= getattr(aug, key) <= 1:
+            raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")
+    if not 0 <= recipe.train.ema_decay < 1:
+        raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
     if recipe.loader.backend != "synthetic" and not recipe.data.root:
         raise RecipeError(f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
                           "empty; set it in the recipe or with --set data.root=PATH")

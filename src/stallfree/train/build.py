@@ -13,6 +13,8 @@ from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError
 from stallfree.train.distributed import wrap_model
+from stallfree.train.ema import ModelEma
+from stallfree.train.mix import Mixer
 from stallfree.train.schedule import build_optimizer, warmup_cosine
 from stallfree.train.trainer import Trainer, TrainerConfig
 
@@ -41,6 +43,9 @@ def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, devic
     model = sync_batchnorm(build_model(recipe.model, num_classes), recipe, dist, device).to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
+    if recipe.train.compile:
+        model = torch.compile(model)  # inside DDP: DDP's bucketing sees the compiled graph
     model = wrap_model(model, device, dist)
     opt = recipe.optim
     optimizer = build_optimizer(model, opt.name, lr=opt.lr, momentum=opt.momentum,
@@ -58,5 +63,11 @@ def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, devic
                            max_grad_norm=t.max_grad_norm, log_every=log_every or t.log_every,
                            max_nonfinite_steps=t.max_nonfinite_steps,
                            label_smoothing=opt.label_smoothing, progress=progress)
-    return Trainer(model, optimizer, scheduler, config=config, device=device, sinks=sinks or [],
-                   dist=dist)
+    trainer = Trainer(model, optimizer, scheduler, config=config, device=device,
+                      sinks=sinks or [], dist=dist)
+    aug = recipe.augment
+    mixer = Mixer(mixup_alpha=aug.mixup_alpha, cutmix_alpha=aug.cutmix_alpha, prob=aug.mix_prob,
+                  seed=recipe.train.seed, rank=dist.rank)
+    trainer.mixer = mixer if mixer.enabled else None
+    trainer.ema = ema
+    return trainer

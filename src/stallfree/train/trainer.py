@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from stallfree.data.loader import Batch, Loader
@@ -23,6 +24,8 @@ from stallfree.errors import StallfreeError
 from stallfree.metrics import Sink, StepTimer
 from stallfree.parallel import DistInfo
 from stallfree.train.distributed import all_reduce_sum, broadcast_buffers
+from stallfree.train.ema import ModelEma, unwrap
+from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
 
 
@@ -83,6 +86,9 @@ class Trainer:
         self.stop_requested: Callable[[], bool] = lambda: False
         # Extra fields for each log record, e.g. GPU utilisation from NVML.
         self.record_extras: list[Callable[[], dict[str, Any]]] = []
+        # Optional: batch mixing after the loader, and an EMA of the weights (set by the builder).
+        self.mixer: Mixer | None = None
+        self.ema: ModelEma | None = None
         self.policy = PrecisionPolicy(config.precision, device.type)
         self.scaler = self.policy.grad_scaler()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
@@ -95,16 +101,25 @@ class Trainer:
         self.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
 
     # ---- the step ---------------------------------------------------------------------------
-    def _micro_step(self, batch: Batch, window_len: int, boundary: bool) -> None:
-        """Forward and backward one micro-batch; gradients sync only on the window's last one."""
+    def _micro_step(self, batch: Batch, window_len: int, boundary: bool, index: int) -> None:
+        """Forward and backward one micro-batch; gradients sync only on the window's last one.
+
+        `index` is the micro-batch's place in the epoch, which seeds its mixing.
+        """
         sync = contextlib.nullcontext() if boundary or not hasattr(self.model, "no_sync") \
             else self.model.no_sync()  # DDP: skip the all-reduce on non-boundary micro-steps
+        mixed = self.mixer(batch.images, batch.labels, epoch=self.epoch, index=index) \
+            if self.mixer is not None else None
         try:
             with sync:
                 with self.policy.autocast():
-                    logits = self.model(batch.images)
+                    logits = self.model(batch.images if mixed is None else mixed.images)
                 # Loss in fp32: softmax over low-precision logits loses accuracy.
-                loss = self.loss_fn(logits.float(), batch.labels)
+                logits = logits.float()
+                loss = self.loss_fn(logits, batch.labels)
+                if mixed is not None:  # the mix of the two targets, with label smoothing kept
+                    loss = mixed.lam * loss + (1 - mixed.lam) * self.loss_fn(
+                        logits, mixed.partner_labels)
                 # Divide by the window's true length so the summed gradient is the window mean,
                 # also for the short last window of an epoch.
                 self.scaler.scale(loss / window_len).backward()
@@ -135,6 +150,8 @@ class Trainer:
             self.optimizer_steps += 1
             if self.scheduler is not None:
                 self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update(self.model)
             self._window.grad_norm_sum += grad_norm.detach().float()
             self._window.steps += 1
         else:
@@ -169,6 +186,7 @@ class Trainer:
         accum = self.config.accum_steps
         timer = StepTimer()
         total = max(total, count)
+        first = total - count  # micro-batches of this epoch taken before this pass
         bar = tqdm(total=total, initial=total - count, desc=f"epoch {self.epoch}", unit="batch",
                    leave=False, dynamic_ncols=True,
                    disable=not self.config.progress or self.dist.rank != 0)
@@ -179,7 +197,7 @@ class Trainer:
                 window_start = i - i % accum
                 window_len = min(accum, count - window_start)
                 boundary = i == window_start + window_len - 1
-                self._micro_step(batch, window_len, boundary)
+                self._micro_step(batch, window_len, boundary, first + i)
                 bar.update(1)
                 if not boundary:
                     continue
@@ -244,6 +262,10 @@ class Trainer:
             self.train_epoch(train_loader, epoch)
             if val_loader is not None:
                 val = self.evaluate(val_loader)
+                if self.ema is not None:
+                    ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device,
+                                         self.dist)
+                    val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"]}
                 self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
                 if self.dist.rank == 0 and self.config.progress:
                     tqdm.write(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
@@ -259,18 +281,23 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scaler, schedule and counters (the unwrapped model's weights)."""
-        model = getattr(self.model, "module", self.model)  # DDP keeps the real model in .module
         return {
-            "model": model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
             "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
                          "nonfinite_in_row": self._nonfinite_in_row, "epoch": self.epoch},
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved."""
-        getattr(self.model, "module", self.model).load_state_dict(state["model"])
+        unwrap(self.model).load_state_dict(state["model"])
+        if self.ema is not None:
+            if "ema" not in state:
+                raise StallfreeError("train.ema_decay is set but the checkpoint holds no EMA "
+                                     "weights; resume with train.ema_decay = 0, or start afresh")
+            self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
@@ -298,7 +325,7 @@ def evaluate_model(model: nn.Module, loader: Loader, policy: PrecisionPolicy,
     Ranks may hold different numbers of val batches (every sample is read exactly once), so
     the model runs unwrapped: DDP's forward must not wait for ranks that have finished.
     """
-    model = getattr(model, "module", model)
+    model = model.module if isinstance(model, DistributedDataParallel) else model
     if dist.world_size > 1:
         broadcast_buffers(model)  # BatchNorm statistics as checkpointed (rank 0's)
     model.eval()
