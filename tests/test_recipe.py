@@ -147,3 +147,12 @@ def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None
                                 num_classes=dataset.num_classes, progress=False)
     trainer.train_batches(islice(iter(loader), 1), 1)
     assert trainer.optimizer_steps == 1
+
+
+def test_micro_batch_is_a_size_or_auto() -> None:
+    assert apply_overrides(Recipe(), ["train.micro_batch=auto"]).train.micro_batch == "auto"
+    assert apply_overrides(Recipe(), ["train.micro_batch=32"]).train.micro_batch == 32
+    with pytest.raises(RecipeError, match="train.micro_batch"):
+        apply_overrides(Recipe(), ["train.micro_batch=big"])
+    with pytest.raises(RecipeError, match="must be >= 0"):
+        apply_overrides(Recipe(), ["train.micro_batch=-1"])

@@ -250,3 +250,49 @@ def test_weight_decay_groups_and_nesterov() -> None:
     opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1,
                           exclude_norm_bias=False)
     assert [(g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [(0.1, 4)]
+
+
+class _SmallMemory(nn.Module):
+    """Runs out of memory on more than `limit` images, once it has been called `after` times."""
+
+    def __init__(self, inner: nn.Module, limit: int, after: int = 0) -> None:
+        super().__init__()
+        self.inner, self.limit, self.after, self.calls = inner, limit, after, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if x.shape[0] > self.limit and self.calls > self.after:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("after", [0, 1])  # OOM on a window's first batch, or on its second
+def test_auto_micro_batch_backs_off_and_matches_the_plain_run(after: int) -> None:
+    images, labels = _data(64)
+    reference = _mlp()
+    _train(reference, TensorLoader(images, labels, 16), accum=2)
+    model = _SmallMemory(_mlp(), limit=5, after=after)
+    with pytest.warns(UserWarning, match="chunks of 8.*retries the window"):
+        trainer = _train(model, TensorLoader(images, labels, 16), accum=2, auto_micro_batch=True)
+    assert trainer.micro.size == 4 and trainer.optimizer_steps == 2
+    assert _max_diff(model.inner, reference) < 1e-5  # same gradients, no sample lost or doubled
+
+
+def test_without_auto_an_oom_is_an_error_that_suggests_it() -> None:
+    images, labels = _data(32)
+    with pytest.raises(MicroBatchOOMError, match='micro-batch of 16 images.*micro_batch = "auto"'):
+        _train(_SmallMemory(_mlp(), limit=5), TensorLoader(images, labels, 16), accum=2)
+
+
+def test_the_ddp_probe_takes_the_smallest_size_that_fits_everywhere() -> None:
+    from stallfree.train.microbatch import probe_micro_batch
+
+    tried: list[int] = []
+
+    def step(n: int) -> None:
+        tried.append(n)
+        if n > 5:
+            raise torch.OutOfMemoryError("out of memory")
+
+    assert probe_micro_batch(step, 32, lambda n: min(n, 2)) == 2  # another rank fits only 2
+    assert tried == [32, 16, 8, 4]

@@ -104,6 +104,9 @@ class TrainConfig:
     sync_bn: bool = False  # BatchNorm statistics over all ranks (DDP on CUDA)
     compile: bool = False  # torch.compile the model
     ema_decay: float = 0.0  # EMA of the weights, evaluated beside them (0: off), e.g. 0.9998
+    # Each loaded batch runs in chunks of this size (0: whole); "auto" finds the largest that
+    # fits. The global batch, the samples and the loader positions stay as they are.
+    micro_batch: int | Literal["auto"] = field(default=0, metadata=_at_least(0))
     max_nonfinite_steps: int = field(default=10, metadata=_at_least(1))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only
@@ -219,7 +222,7 @@ def _set_field(table: Any, path: str, key: str, value: Any, source: str) -> None
         return
     value = _check_type(value, annotation, f"{source}: {dotted}")
     low = next(f for f in dataclasses.fields(table) if f.name == key).metadata.get("min")
-    if low is not None and value < low:
+    if low is not None and isinstance(value, (int, float)) and value < low:
         raise RecipeError(f"{source}: {dotted} = {value!r} must be >= {low}")
     setattr(table, key, value)
 

@@ -62,7 +62,9 @@ def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, devic
     config = TrainerConfig(precision=t.precision, accum_steps=t.accum_steps,
                            max_grad_norm=t.max_grad_norm, log_every=log_every or t.log_every,
                            max_nonfinite_steps=t.max_nonfinite_steps,
-                           label_smoothing=opt.label_smoothing, progress=progress)
+                           label_smoothing=opt.label_smoothing, progress=progress,
+                           micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else 0,
+                           auto_micro_batch=t.micro_batch == "auto")
     trainer = Trainer(model, optimizer, scheduler, config=config, device=device,
                       sinks=sinks or [], dist=dist)
     aug = recipe.augment

@@ -28,7 +28,8 @@ from stallfree.train.precision import resolve_precision
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import StopSignal, check_compatible, find_resume, restore, training_state
 from stallfree.train.rundir import RunDir
-from stallfree.train.trainer import PreemptedError, Trainer
+from stallfree.train.microbatch import probe_micro_batch
+from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -98,6 +99,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             if finished is not None:  # a requeued job that had already finished: nothing to do
                 all_ranks_here = True
                 return finished
+        if recipe.train.micro_batch == "auto" and dist.world_size > 1:
+            trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()
         if dist.rank == 0:
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
@@ -128,6 +131,36 @@ def _run_facts(recipe: Recipe, device: torch.device, dist: DistInfo) -> dict[str
             "precision": recipe.train.precision, "world_size": dist.world_size,
             "stallfree_version": __version__,
             "global_batch": recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}
+
+
+def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -> int:
+    """Under DDP: the chunk size every rank can run, found once before training."""
+    model, size = trainer.model, recipe.augment.image_size
+    buffers = [b.clone() for b in model.buffers()]  # the probe must not move BatchNorm stats
+    memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
+
+    def step(n: int) -> None:
+        images = torch.zeros((n, 3, size, size), device=device).to(memory_format=memory_format)
+        try:
+            with model.no_sync(), trainer.policy.autocast():
+                model(images).float().sum().backward()
+        finally:
+            trainer.optimizer.zero_grad(set_to_none=True)
+            for buffer, saved in zip(model.buffers(), buffers):
+                buffer.copy_(saved)
+
+    def min_over_ranks(n: int) -> int:
+        value = torch.tensor([float(n)], device=device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+        return int(value.item())
+
+    found = probe_micro_batch(step, recipe.train.batch_size, min_over_ranks)
+    if found < 1:
+        raise MicroBatchOOMError("train.micro_batch = auto: not even one image fits on some "
+                                 "rank's device; use a smaller model or image size")
+    if trainer.dist.rank == 0:
+        tqdm.write(f"stallfree: train.micro_batch = auto: chunks of {found} on every rank")
+    return found
 
 
 def _skipped(loader: Loader, device: torch.device) -> int:

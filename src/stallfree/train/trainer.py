@@ -25,12 +25,11 @@ from stallfree.metrics import Sink, StepTimer
 from stallfree.parallel import DistInfo
 from stallfree.train.distributed import all_reduce_sum, broadcast_buffers
 from stallfree.train.ema import ModelEma, unwrap
+from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
 
 
-# torch.OutOfMemoryError is new in torch 2.5; the CUDA one is its alias there.
-_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 class NonFiniteLossError(StallfreeError, RuntimeError):
@@ -59,6 +58,8 @@ class TrainerConfig:
     # Under DDP the stop flag costs an all-reduce; checking every few steps keeps it off the
     # step's critical path while a stop still comes within seconds of the signal.
     stop_check_every: int = 10
+    micro_batch: int = 0  # chunk size for each loaded batch; 0: the whole batch
+    auto_micro_batch: bool = False  # halve the chunks on out-of-memory (one process)
 
 
 @dataclass(slots=True)
@@ -89,6 +90,8 @@ class Trainer:
         # Optional: batch mixing after the loader, and an EMA of the weights (set by the builder).
         self.mixer: Mixer | None = None
         self.ema: ModelEma | None = None
+        self.micro = MicroBatcher(size=config.micro_batch, auto=config.auto_micro_batch)
+        self._window_mark: tuple[torch.Tensor, int] = (torch.zeros(()), 0)
         self.policy = PrecisionPolicy(config.precision, device.type)
         self.scaler = self.policy.grad_scaler()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
@@ -104,34 +107,63 @@ class Trainer:
     def _micro_step(self, batch: Batch, window_len: int, boundary: bool, index: int) -> None:
         """Forward and backward one micro-batch; gradients sync only on the window's last one.
 
-        `index` is the micro-batch's place in the epoch, which seeds its mixing.
+        `index` is the micro-batch's place in the epoch, which seeds its mixing. With
+        train.micro_batch the batch runs in chunks, each weighted by its share of the batch.
         """
-        sync = contextlib.nullcontext() if boundary or not hasattr(self.model, "no_sync") \
-            else self.model.no_sync()  # DDP: skip the all-reduce on non-boundary micro-steps
         mixed = self.mixer(batch.images, batch.labels, epoch=self.epoch, index=index) \
             if self.mixer is not None else None
-        try:
+        images = batch.images if mixed is None else mixed.images
+        n = batch.labels.numel()
+        chunks = self.micro.split(n)
+        total = torch.zeros((), device=self.device)
+        for k, (a, b) in enumerate(chunks):
+            last = boundary and k == len(chunks) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
+                else self.model.no_sync()  # DDP: all-reduce only on the window's last backward
             with sync:
                 with self.policy.autocast():
-                    logits = self.model(batch.images if mixed is None else mixed.images)
+                    logits = self.model(images[a:b])
                 # Loss in fp32: softmax over low-precision logits loses accuracy.
                 logits = logits.float()
-                loss = self.loss_fn(logits, batch.labels)
+                loss = self.loss_fn(logits, batch.labels[a:b])
                 if mixed is not None:  # the mix of the two targets, with label smoothing kept
                     loss = mixed.lam * loss + (1 - mixed.lam) * self.loss_fn(
-                        logits, mixed.partner_labels)
-                # Divide by the window's true length so the summed gradient is the window mean,
-                # also for the short last window of an epoch.
-                self.scaler.scale(loss / window_len).backward()
-        except _OUT_OF_MEMORY as exc:
-            raise MicroBatchOOMError(
-                f"out of memory on a micro-batch of {batch.images.shape[0]} images "
-                f"(train.batch_size). Lower train.batch_size and raise train.accum_steps "
-                f"(now {self.config.accum_steps}) to keep the same global batch; --resume auto "
-                "continues from the last checkpoint with the new split."
-            ) from exc
-        self._window.loss_sum += loss.detach() * batch.labels.numel()
-        self._window.samples += batch.labels.numel()
+                        logits, mixed.partner_labels[a:b])
+                # Weighted by the chunk's share of the batch and divided by the window's true
+                # length, so the summed gradient is the window mean (short last window too).
+                self.scaler.scale(loss * ((b - a) / n / window_len)).backward()
+            total += loss.detach() * (b - a)
+        self._window.loss_sum += total
+        self._window.samples += n
+
+    def _step_with_backoff(self, batch: Batch, window_len: int, boundary: bool, index: int,
+                           done: list[tuple[Batch, int]]) -> None:
+        """`_micro_step`, retried with smaller chunks after an out-of-memory error (auto micro-
+        batching, one process): the window's gradients are dropped and its batches run again,
+        so no sample is lost or counted twice."""
+        pending = [(batch, index)]
+        while True:
+            try:
+                for k, (b, i) in enumerate(pending):
+                    self._micro_step(b, window_len, boundary and k == len(pending) - 1, i)
+                break
+            except OUT_OF_MEMORY as exc:
+                n = batch.labels.numel()
+                if not self.micro.can_back_off(self.dist.world_size, n):
+                    raise MicroBatchOOMError(
+                        f"out of memory on a micro-batch of {self.micro.size or n} images. Set "
+                        f"train.micro_batch = \"auto\", or lower train.batch_size and raise "
+                        f"train.accum_steps (now {self.config.accum_steps}) to keep the same "
+                        "global batch; --resume auto continues from the last checkpoint."
+                    ) from exc
+                self.optimizer.zero_grad(set_to_none=True)
+                # Back to the logged sums of the window's start: its batches all run again.
+                self._window.loss_sum, self._window.samples = \
+                    self._window_mark[0].clone(), self._window_mark[1]
+                self.micro.back_off(n)
+                pending = [*done, (batch, index)]
+        if self.micro.auto:
+            done.append((batch, index))
 
     def _optimizer_step(self) -> bool:
         """Unscale, clip, step (unless non-finite), zero, advance the schedule; True if stepped."""
@@ -197,7 +229,11 @@ class Trainer:
                 window_start = i - i % accum
                 window_len = min(accum, count - window_start)
                 boundary = i == window_start + window_len - 1
-                self._micro_step(batch, window_len, boundary, first + i)
+                if i == window_start:
+                    window: list[tuple[Batch, int]] = []  # kept only for an OOM retry
+                    if self.micro.auto:
+                        self._window_mark = (self._window.loss_sum.clone(), self._window.samples)
+                self._step_with_backoff(batch, window_len, boundary, first + i, window)
                 bar.update(1)
                 if not boundary:
                     continue
