@@ -54,6 +54,13 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                        help="refuse larger images, as data.max_pixels does")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pack = data_sub.add_parser("pack", help="write ROOT as WebDataset tar shards with indexes "
+                                            "and a manifest (train with data.format = \"tar\")")
+    pack.add_argument("root", help="dataset folder with train/ and val/")
+    pack.add_argument("out", help="output folder for the shards")
+    pack.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 256MB, 1GB")
+    pack.add_argument("--seed", type=int, default=0, help="the train split's shuffle")
+    pack.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _int_list(text: str) -> list[int]:
@@ -150,6 +157,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "check":
         return _data_check(args)
+    if args.data_command == "pack":
+        from stallfree.data.pack import pack_dataset, parse_size
+
+        try:
+            shard_bytes = parse_size(args.shard_size)
+        except ValueError as exc:
+            raise RecipeError(f"--shard-size {args.shard_size!r}: expected e.g. 256MB") from exc
+        manifest = pack_dataset(args.root, args.out, shard_bytes=shard_bytes, seed=args.seed,
+                                progress=not args.no_progress)
+        for split, info in manifest["splits"].items():
+            print(f"{split}: {info['samples']} samples in {len(info['shards'])} shard(s)")
+        print(f"wrote {args.out}; train from it with --set data.root=\"{args.out}\" "
+              "--set data.format=tar")
+        return 0
     from stallfree.data.demo import write_demo
 
     out = write_demo(args.out, train_per_class=args.train_per_class,

@@ -42,6 +42,8 @@ DEFAULT_MAX_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     root: str = ""
+    # folder: root/{train,val}/<class>/<image>; tar: root holds `stallfree data pack` shards.
+    format: Literal["folder", "tar"] = "folder"
     file_list: str = ""
     # Images over this many pixels are refused before decoding (decompression bombs).
     max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_at_least(1))

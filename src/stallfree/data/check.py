@@ -133,7 +133,7 @@ def _cache_key(paths: list[str], max_pixels: int) -> str:
     """Names, sizes and modification times of the files, the limit and the rules' version."""
     digest = hashlib.sha256(f"{__version__} {max_pixels}".encode())
     for path in paths:
-        st = os.stat(path)
+        st = os.stat(path.rpartition("::")[0] or path)  # a tar member: its shard's size and time
         digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:32]
 

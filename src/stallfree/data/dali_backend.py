@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from stallfree.data.check import cached_bad_files
-from stallfree.data.imageio import BadImageError, bad_headers
+from stallfree.data.imageio import BadImageError, bad_headers, read_bytes
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -40,6 +40,10 @@ except ImportError as exc:  # only raised when --loader dali is chosen
         "(or pip install nvidia-dali-cuda120)"
     ) from exc
 
+# Tar shards feed DALI through an external source, which DALI's checkpoint does not cover; the
+# loader restarts that source at the next unseen sample itself, as the warning asks.
+warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external")
+
 # nvJPEG buffer sizes from NVIDIA's ResNet-50 example: big enough for ImageNet's largest
 # images, so buffers are allocated once instead of growing mid-run.
 _GPU_DECODER_HINTS = {
@@ -54,7 +58,8 @@ class DataPipelineError(StallfreeError, RuntimeError):
 
 @pipeline_def(enable_checkpointing=True)
 def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, decode_device: str,
-                   augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
+                   augment_on_gpu: bool, raw_uint8: bool = False,
+                   source: Iterator[Any] | None = None) -> tuple[Any, Any]:
     """Read, decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu".
 
     `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
@@ -62,9 +67,12 @@ def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, dec
     """
     aug = spec.augment
     size = aug.image_size
-    # This rank's own files in order (ShardPlan did the sharding): one shard, no shuffle.
-    jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False,
-                                   pad_last_batch=True, name="Reader")
+    if source is not None:  # tar shards: this rank's batches of member bytes, read in place
+        jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True,
+                                          dtype=[types.UINT8, types.INT64])
+    else:  # this rank's own files in order (ShardPlan did the sharding): one shard, no shuffle
+        jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False,
+                                       pad_last_batch=True, name="Reader")
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
     hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.dali.hw_decoder_load,
@@ -124,6 +132,7 @@ class DaliLoader(ShardedLoader):
             if spec.device.type == "cuda" and not gpu else None
         self._paths = np.array(files)
         self._labels = np.array(labels, dtype=np.int64)
+        self.tar = bool(files) and "::" in files[0]  # samples are tar members (data.format tar)
         self._iterator: DALIGenericIterator | None = None
         self._files: list[str] = []  # what the live pipeline reads, in order
         self._list_start = 0  # global position at which that list begins
@@ -133,20 +142,30 @@ class DaliLoader(ShardedLoader):
         """A pipeline over this rank's remaining files of the epoch (or the whole epoch's, when
         DALI's own checkpoint is restored: its reader position counts from the epoch start)."""
         spec = self.spec
-        start = self._list_start if self._checkpoint else self.position
+        # A reader's checkpoint counts from its list's start; an external source (tar shards)
+        # is not in DALI's checkpoint, so it always starts at the next unseen sample.
+        start = self._list_start if self._checkpoint and not self.tar else self.position
         ids = np.concatenate(list(self.plan.batches(self.epoch_order()[0], start)))
         self._files, self._list_start = self._paths[ids].tolist(), start
+        source = self._member_batches(start) if self.tar else None
         pipe = image_pipeline(
             files=self._files, labels=self._labels[ids].tolist(), spec=spec,
             decode_device=self.decode_device, augment_on_gpu=self.augment_on_gpu,
-            raw_uint8=self.prefetcher is not None, batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
+            raw_uint8=self.prefetcher is not None, source=source, batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
             seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
             prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
         self._checkpoint = None
         policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
-        return DALIGenericIterator([pipe], ["images", "labels"], reader_name="Reader",
+        return DALIGenericIterator([pipe], ["images", "labels"],
+                                   reader_name=None if self.tar else "Reader",
                                    last_batch_policy=policy, auto_reset=False)
+
+    def _member_batches(self, start: int) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """This rank's batches from global sample `start` on, as bytes and labels."""
+        for ids in self.plan.batches(self.epoch_order()[0], start):
+            yield ([np.frombuffer(read_bytes(self._paths[i]), dtype=np.uint8) for i in ids],
+                   [np.array([self._labels[i]], dtype=np.int64) for i in ids])
 
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_left() == 0:
@@ -274,8 +293,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
 def _probe_pipeline(paths: list[str]) -> Any:
-    jpegs, _ = fn.readers.file(files=paths, labels=[0] * len(paths))
-    return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+    # Bytes fed one file at a time: files and tar members alike, nothing extracted.
+    encoded = fn.external_source(source=(
+        [np.frombuffer(read_bytes(path), dtype=np.uint8)] for path in paths), batch=True,
+        dtype=types.UINT8)
+    return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
 
 
 def first_undecodable(paths: list[str]) -> tuple[str, str] | None:

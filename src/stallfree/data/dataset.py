@@ -58,6 +58,10 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     A val class that train lacks is an error (its label would mean nothing); a train class with
     no val folder is a warning (its accuracy simply goes unmeasured).
     """
+    if data.format == "tar":
+        from stallfree.data.tarshards import resolve_shards
+
+        return resolve_shards(data.root)
     root = _check_root(data.root)
     allowed = _read_file_list(root, data.file_list) if data.file_list else None
     train = list_split(root, "train", None, allowed)

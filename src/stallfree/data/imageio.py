@@ -16,6 +16,7 @@ Pixel rules (DALI's, which the PIL path reproduces):
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import threading
@@ -75,6 +76,31 @@ class BadImageError(StallfreeError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.reason else self.path
+
+
+# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/tarshards.py).
+_MEMBER = "::"
+
+
+def read_bytes(path: str, limit: int | None = None) -> bytes:
+    """The file's bytes (at most `limit`), for a file or a tar member reference."""
+    if _MEMBER in path:
+        shard, _, member = path.rpartition(_MEMBER)
+        _, offset, size = member.rsplit(":", 2)
+        length = int(size) if limit is None else min(int(size), limit)
+        with open(shard, "rb") as f:
+            return os.pread(f.fileno(), length, int(offset))
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def _source(path: str) -> str | io.BytesIO:
+    """What PIL opens: the path itself, or a tar member's bytes (never extracted to disk)."""
+    return io.BytesIO(read_bytes(path)) if _MEMBER in path else path
+
+
+def _size(path: str) -> int:
+    return int(path.rsplit(":", 1)[1]) if _MEMBER in path else os.path.getsize(path)
 
 
 def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
@@ -166,10 +192,10 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
         with _pil_limit_lifted(), warnings.catch_warnings():
             # PIL warns about some malformed files without naming them; our checks name them.
             warnings.simplefilter("ignore")
-            img = Image.open(path)
+            img = Image.open(_source(path))
     except UnidentifiedImageError as exc:
         # Only on this (rare) path is the size looked at: no extra stat() for every good file.
-        empty = os.path.getsize(path) == 0
+        empty = _size(path) == 0
         reason = "empty file (0 bytes)" if empty else "not an image PIL can identify"
         raise BadImageError(path, reason) from exc
     except OSError as exc:
@@ -288,7 +314,7 @@ def _tiff_ifds_loop(fp: BinaryIO) -> bool:
 def _png_is_animated(path: str) -> bool:
     """Whether a PNG has an animation-control chunk (acTL) before its image data: PIL ignores
     a malformed one, on which DALI fails."""
-    with open(path, "rb") as f:
+    with io.BytesIO(read_bytes(path, 1 << 20)) as f:
         f.seek(8)
         while len(header := f.read(8)) == 8:
             size, kind = struct.unpack(">I", header[:4])[0], header[4:]
@@ -308,8 +334,7 @@ _TIFF_UNSHARED = frozenset({"tiff_lzma", "lzma", "zstd", "webp", "jpegxl", "tiff
 def _jpeg_marker_problem(path: str) -> str:
     """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
     which PIL skips over. "" when every segment starts where the previous one ended."""
-    with open(path, "rb") as f:
-        data = f.read(1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
+    data = read_bytes(path, 1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
     pos = 2  # after SOI
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
@@ -329,7 +354,7 @@ def _jpeg_marker_problem(path: str) -> str:
 
 def _webp_is_lossless(path: str) -> bool:
     """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
-    with open(path, "rb") as f:
+    with io.BytesIO(read_bytes(path, 1 << 16)) as f:
         f.seek(12)  # "RIFF", size, "WEBP"
         while header := f.read(8):
             if len(header) < 8:

@@ -1,0 +1,122 @@
+"""`stallfree data pack`: a dataset folder as WebDataset tar shards, with indexes and a manifest.
+
+Members are `KEY.<ext>` (the image's bytes, copied as they are) and `KEY.cls` (the label as text),
+grouped by sample. Each shard gets the index file DALI's `readers.webdataset` reads (the
+`wds2idx` format v1.2: one line per sample of `ext offset size name` per member, offsets of the
+member data). `manifest.json` holds the class names, the shards of each split with their sample
+counts, sizes and SHA-256, and the format version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from stallfree.data.dataset import SPLITS, resolve_dataset
+from stallfree.recipe import DataConfig
+
+MANIFEST = "manifest.json"
+FORMAT = "stallfree-wds-1"
+
+
+def parse_size(text: str) -> int:
+    """'256MB', '1.5GB', '4096' -> bytes."""
+    units = {"kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "b": 1}
+    lowered = text.strip().lower()
+    for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if lowered.endswith(unit):
+            return int(float(lowered[: -len(unit)]) * factor)
+    return int(lowered)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o444, 0  # fixed metadata: reproducible shards
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_index(shard: Path) -> int:
+    """Write `shard`'s .idx next to it (wds2idx v1.2); return its sample count."""
+    samples: list[list[str]] = []
+    last = None
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            key, _, ext = member.name.partition(".")
+            entry = f"{ext} {member.offset_data} {member.size} {member.name}"
+            if key != last:
+                samples.append([])
+                last = key
+            samples[-1].append(entry)
+    text = f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
+    shard.with_suffix(".idx").write_text(text)
+    return len(samples)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_bytes: int,
+               progress: bool = True) -> list[dict[str, Any]]:
+    """Write one split's shards (in the given order); return their manifest entries."""
+    shards: list[dict[str, Any]] = []
+    tar: tarfile.TarFile | None = None
+    size = 0
+
+    def close() -> None:
+        assert tar is not None
+        tar.close()
+        path = out / shards[-1]["name"]
+        shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=_sha256(path))
+
+    for i, (path, label) in enumerate(tqdm(samples, desc=f"packing {split}", unit="img",
+                                           disable=not progress)):
+        data = Path(path).read_bytes()
+        if tar is None or size + len(data) > shard_bytes:
+            if tar is not None:
+                close()
+            shards.append({"name": f"{split}-{len(shards):06d}.tar"})
+            tar = tarfile.open(out / shards[-1]["name"], "w", format=tarfile.USTAR_FORMAT)
+            size = 0
+        key = f"{split}{i:09d}"
+        _add(tar, f"{key}.{Path(path).suffix.lower().lstrip('.') or 'jpg'}", data)
+        _add(tar, f"{key}.cls", str(label).encode())
+        size += len(data) + 1024
+    if tar is not None:
+        close()
+    return shards
+
+
+def pack_dataset(root: str | Path, out: str | Path, *, shard_bytes: int, seed: int = 0,
+                 file_list: str = "", progress: bool = True) -> dict[str, Any]:
+    """Pack ROOT/{train,val} into OUT. Train is shuffled (seeded) so every shard mixes classes."""
+    dataset = resolve_dataset(DataConfig(root=str(root), file_list=file_list))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes), "splits": {}}
+    for split in SPLITS:
+        samples = list(dataset.splits[split].samples)
+        if split == "train":
+            samples = [samples[i] for i in np.random.default_rng(seed).permutation(len(samples))]
+        shards = pack_split(samples, out, split, shard_bytes, progress)
+        # Labels by sample number (the key's digits), so a reader needs no read per sample.
+        manifest["splits"][split] = {"samples": len(samples), "shards": shards,
+                                     "labels": [label for _, label in samples]}
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, out / MANIFEST)
+    return manifest
