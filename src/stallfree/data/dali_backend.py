@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from stallfree.data.check import cached_bad_files
-from stallfree.data.imageio import BadImageError, bad_headers, read_bytes
+from stallfree.data.headers import read_bytes
+from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError

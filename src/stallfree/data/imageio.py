@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import io
 import os
-import struct
 import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from stallfree.data.headers import (MEMBER, jpeg_marker_problem, png_is_animated, read_bytes,
+                                    tiff_ifds_loop, webp_is_lossless)
 from stallfree.errors import StallfreeError
 
 DEFAULT_MAX_PIXELS: int = 89_478_485  # PIL's default Image.MAX_IMAGE_PIXELS
@@ -78,29 +78,13 @@ class BadImageError(StallfreeError, ValueError):
         return f"{self.path}: {self.reason}" if self.reason else self.path
 
 
-# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/tarshards.py).
-_MEMBER = "::"
-
-
-def read_bytes(path: str, limit: int | None = None) -> bytes:
-    """The file's bytes (at most `limit`), for a file or a tar member reference."""
-    if _MEMBER in path:
-        shard, _, member = path.rpartition(_MEMBER)
-        _, offset, size = member.rsplit(":", 2)
-        length = int(size) if limit is None else min(int(size), limit)
-        with open(shard, "rb") as f:
-            return os.pread(f.fileno(), length, int(offset))
-    with open(path, "rb") as f:
-        return f.read() if limit is None else f.read(limit)
-
-
 def _source(path: str) -> str | io.BytesIO:
     """What PIL opens: the path itself, or a tar member's bytes (never extracted to disk)."""
-    return io.BytesIO(read_bytes(path)) if _MEMBER in path else path
+    return io.BytesIO(read_bytes(path)) if MEMBER in path else path
 
 
 def _size(path: str) -> int:
-    return int(path.rsplit(":", 1)[1]) if _MEMBER in path else os.path.getsize(path)
+    return int(path.rsplit(":", 1)[1]) if MEMBER in path else os.path.getsize(path)
 
 
 def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
@@ -247,7 +231,7 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
             # PIL scales by maxval; DALI ignores it (a maxval-100 image comes out dark).
             return f"PNM with maxval {maxval}: only 255 and 65535 decode alike; re-save as 8-bit"
     if fmt == "WEBP" and "exif" in img.info:
-        if _webp_is_lossless(path):
+        if webp_is_lossless(path):
             return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
         if img.getexif().get(_ORIENTATION_TAG, 1) not in (1, None):
             # DALI rotates some (PIL-written) and not others (Pillow's hopper_orientation_6.webp).
@@ -264,12 +248,12 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
                 "re-save as 24-bit BMP or PNG")
     if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
         return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
-    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or _png_is_animated(path)):
+    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path)):
         return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
     if fmt == "JPEG2000" and mode not in ("L", "RGB"):
         return f"JPEG 2000 in mode {mode}: DALI cannot decode it; save as 8-bit"
     if fmt in ("JPEG", "MPO"):
-        return _jpeg_marker_problem(path)
+        return jpeg_marker_problem(path)
     return ""
 
 
@@ -288,40 +272,9 @@ def _tiff_problem(img: Image.Image) -> str:
                 "re-save as 8-bit")
     if 16 in bits and img.mode not in _SIXTEEN_BIT:
         return "16-bit colour TIFF: DALI cannot decode it; re-save as 8-bit"
-    if getattr(img, "n_frames", 1) != 1 or _tiff_ifds_loop(img.fp):
+    if getattr(img, "n_frames", 1) != 1 or tiff_ifds_loop(img.fp):
         return "multi-page TIFF: DALI cannot decode every one; save the page you want alone"
     return ""
-
-
-def _tiff_ifds_loop(fp: BinaryIO) -> bool:
-    """Whether a classic TIFF's chain of image directories points back into itself."""
-    fp.seek(0)
-    head = fp.read(8)
-    order = "<" if head[:2] == b"II" else ">"
-    offset, seen = struct.unpack(order + "I", head[4:8])[0], set()
-    while offset and offset not in seen and len(seen) < 1024:
-        seen.add(offset)
-        fp.seek(offset)
-        raw = fp.read(2)
-        if len(raw) < 2:
-            return False
-        fp.seek(offset + 2 + 12 * struct.unpack(order + "H", raw)[0])
-        raw = fp.read(4)
-        offset = struct.unpack(order + "I", raw)[0] if len(raw) == 4 else 0
-    return bool(offset)
-
-
-def _png_is_animated(path: str) -> bool:
-    """Whether a PNG has an animation-control chunk (acTL) before its image data: PIL ignores
-    a malformed one, on which DALI fails."""
-    with io.BytesIO(read_bytes(path, 1 << 20)) as f:
-        f.seek(8)
-        while len(header := f.read(8)) == 8:
-            size, kind = struct.unpack(">I", header[:4])[0], header[4:]
-            if kind in (b"acTL", b"IDAT"):
-                return kind == b"acTL"
-            f.seek(size + 4, os.SEEK_CUR)  # data and CRC
-    return False
 
 
 # TIFF compressions that PIL reads and DALI's decoders (libtiff, OpenCV) do not (measured:
@@ -329,41 +282,6 @@ def _png_is_animated(path: str) -> bool:
 _TIFF_UNSHARED = frozenset({"tiff_lzma", "lzma", "zstd", "webp", "jpegxl", "tiff_sgilog",
                             "tiff_sgilog24", "tiff_thunderscan",
                             "tiff_jpeg"})  # old-style JPEG-in-TIFF, deprecated by libtiff
-
-
-def _jpeg_marker_problem(path: str) -> str:
-    """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
-    which PIL skips over. "" when every segment starts where the previous one ended."""
-    data = read_bytes(path, 1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
-    pos = 2  # after SOI
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            return ("junk bytes between JPEG header segments: DALI cannot parse it; "
-                    "re-save the image")
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x00 or 0xD0 <= marker <= 0xD8:  # no segment starts with these
-            return "a broken JPEG header segment: DALI cannot parse it; re-save the image"
-        if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
-            return ""
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-    return ""
-
-
-def _webp_is_lossless(path: str) -> bool:
-    """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
-    with io.BytesIO(read_bytes(path, 1 << 16)) as f:
-        f.seek(12)  # "RIFF", size, "WEBP"
-        while header := f.read(8):
-            if len(header) < 8:
-                return False
-            tag, size = header[:4], struct.unpack("<I", header[4:])[0]
-            if tag in (b"VP8L", b"VP8 ", b"ANMF"):
-                return tag == b"VP8L"
-            f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even size
-    return False
 
 
 _lift_lock = threading.Lock()

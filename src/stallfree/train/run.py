@@ -92,13 +92,12 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             num_classes=recipe.model.num_classes or (
                 dataset.num_classes if dataset else recipe.data.synthetic_classes),
             progress=progress)
-        start_epoch = 0
-        if found is not None:
-            start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device)
-            finished = run.finished_summary() if start_epoch >= recipe.train.epochs else None
-            if finished is not None:  # a requeued job that had already finished: nothing to do
-                all_ranks_here = True
-                return finished
+        start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
+            if found is not None else 0
+        finished = run.finished_summary() if start_epoch >= recipe.train.epochs else None
+        if finished is not None:  # a requeued job that had already finished: nothing to do
+            all_ranks_here = True
+            return finished
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()

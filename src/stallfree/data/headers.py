@@ -1,0 +1,90 @@
+"""Byte-level reads: a file or a tar member read in place, and the header walks PIL does not do
+(segment, chunk and directory structure that DALI's parsers are stricter about)."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from typing import BinaryIO
+
+# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/tarshards.py).
+MEMBER = "::"
+
+
+def read_bytes(path: str, limit: int | None = None) -> bytes:
+    """The file's bytes (at most `limit`), for a file or a tar member reference."""
+    if MEMBER in path:
+        shard, _, member = path.rpartition(MEMBER)
+        _, offset, size = member.rsplit(":", 2)
+        length = int(size) if limit is None else min(int(size), limit)
+        with open(shard, "rb") as f:
+            return os.pread(f.fileno(), length, int(offset))
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def tiff_ifds_loop(fp: BinaryIO) -> bool:
+    """Whether a classic TIFF's chain of image directories points back into itself."""
+    fp.seek(0)
+    head = fp.read(8)
+    order = "<" if head[:2] == b"II" else ">"
+    offset, seen = struct.unpack(order + "I", head[4:8])[0], set()
+    while offset and offset not in seen and len(seen) < 1024:
+        seen.add(offset)
+        fp.seek(offset)
+        raw = fp.read(2)
+        if len(raw) < 2:
+            return False
+        fp.seek(offset + 2 + 12 * struct.unpack(order + "H", raw)[0])
+        raw = fp.read(4)
+        offset = struct.unpack(order + "I", raw)[0] if len(raw) == 4 else 0
+    return bool(offset)
+
+
+def png_is_animated(path: str) -> bool:
+    """Whether a PNG has an animation-control chunk (acTL) before its image data: PIL ignores
+    a malformed one, on which DALI fails."""
+    with io.BytesIO(read_bytes(path, 1 << 20)) as f:
+        f.seek(8)
+        while len(header := f.read(8)) == 8:
+            size, kind = struct.unpack(">I", header[:4])[0], header[4:]
+            if kind in (b"acTL", b"IDAT"):
+                return kind == b"acTL"
+            f.seek(size + 4, os.SEEK_CUR)  # data and CRC
+    return False
+
+
+def jpeg_marker_problem(path: str) -> str:
+    """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
+    which PIL skips over. "" when every segment starts where the previous one ended."""
+    data = read_bytes(path, 1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
+    pos = 2  # after SOI
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return ("junk bytes between JPEG header segments: DALI cannot parse it; "
+                    "re-save the image")
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x00 or 0xD0 <= marker <= 0xD8:  # no segment starts with these
+            return "a broken JPEG header segment: DALI cannot parse it; re-save the image"
+        if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
+            return ""
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return ""
+
+
+def webp_is_lossless(path: str) -> bool:
+    """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
+    with io.BytesIO(read_bytes(path, 1 << 16)) as f:
+        f.seek(12)  # "RIFF", size, "WEBP"
+        while header := f.read(8):
+            if len(header) < 8:
+                return False
+            tag, size = header[:4], struct.unpack("<I", header[4:])[0]
+            if tag in (b"VP8L", b"VP8 ", b"ANMF"):
+                return tag == b"VP8L"
+            f.seek(size + (size & 1), os.SEEK_CUR)  # chunks are padded to an even size
+    return False
