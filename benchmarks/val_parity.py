@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from stallfree.data import build_loader
+from stallfree.data.loader import build_loader
 from stallfree.recipe import recipe_from_dict
 
 RAW = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}  # "normalised" output = uint8 pixel values
@@ -21,7 +21,7 @@ def parity(root: str, size: int, resize: int) -> tuple[float, float]:
     for backend in ("torch", "dali"):
         recipe = recipe_from_dict({
             "data": {"root": root}, "augment": {"image_size": size, "resize_size": resize, **RAW},
-            "train": {"batch_size": 32, "precision": "fp32"}, "loader": {"backend": backend, "workers": 2}})
+            "train": {"batch_size": 32, "precision": "fp32"}, "loader": {"backend": backend, "torch": {"workers": 2}, "dali": {"threads": 2}}})
         loader = build_loader(recipe, "val", device=torch.device("cpu"))
         outputs[backend] = torch.cat([b.images for b in loader])
         loader.close()
