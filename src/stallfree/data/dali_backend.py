@@ -140,8 +140,8 @@ class DaliLoader(ShardedLoader):
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
 
     def _build(self) -> DALIGenericIterator:
-        """A pipeline over this rank's remaining files of the epoch (or the whole epoch's, when
-        DALI's own checkpoint is restored: its reader position counts from the epoch start)."""
+        """A pipeline over this rank's remaining samples of the epoch (from the live list's start
+        when DALI's own checkpoint is restored: a reader's position counts from there)."""
         spec = self.spec
         # A reader's checkpoint counts from its list's start; an external source (tar shards)
         # is not in DALI's checkpoint, so it always starts at the next unseen sample.
@@ -152,7 +152,8 @@ class DaliLoader(ShardedLoader):
         pipe = image_pipeline(
             files=self._files, labels=self._labels[ids].tolist(), spec=spec,
             decode_device=self.decode_device, augment_on_gpu=self.augment_on_gpu,
-            raw_uint8=self.prefetcher is not None, source=source, batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
+            raw_uint8=self.prefetcher is not None, source=source, batch_size=spec.batch_size,
+            num_threads=self.threads, device_id=self.device_id,
             seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
             prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
