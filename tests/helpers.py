@@ -52,8 +52,8 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = value
 
 
-def train_until_logged(recipe: Recipe, tmp_path: Path, records: int,
-                       extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, list[str], Path]:
+def train_until_logged(recipe: Recipe, tmp_path: Path, records: int, extra: tuple[str, ...] = (),
+                       new_session: bool = False) -> tuple[subprocess.Popen, list[str], Path]:
     """Start `stallfree train` on `recipe` in a subprocess; return once metrics.jsonl holds
     `records` lines (the run is stepping): (process, its command, its run directory)."""
     recipe_path = tmp_path / "r.toml"
@@ -61,7 +61,8 @@ def train_until_logged(recipe: Recipe, tmp_path: Path, records: int,
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
            "--no-progress", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)  # its own group, to signal it all
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:

@@ -152,6 +152,7 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
     with pytest.warns(UserWarning, match="2 file.*left out"):
         loader = build_loader(recipe, "train", device=torch.device("cpu"))
     assert len(loader) == 5 and sum(b.labels.numel() for b in loader) == 10
+    assert loader.skipped_samples == 2  # the left-out files count, once per epoch
     loader.close()
     assert len(list((tmp_path / "cache").glob("check-*.json"))) == 1
     monkeypatch.setattr(check, "_decode", None)  # a second start must not decode again

@@ -211,3 +211,16 @@ def test_a_checkpoint_counting_batches_is_refused(image_root: Path, tmp_path: Pa
     recipe.train.epochs = 2
     with pytest.raises(ResumeError, match="stallfree 0.1.0.*position in batches"):
         train(recipe, tmp_path / "a", progress=False, resume="auto")
+
+
+def test_sigterm_to_the_whole_process_group_with_workers(image_root: Path, tmp_path: Path) -> None:
+    """As a scheduler signals: the DataLoader workers get SIGTERM too, and must not end the run
+    before the main process has saved."""
+    recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1},
+                          loader={"torch": {"workers": 1}})
+    proc, _, run = train_until_logged(recipe, tmp_path, records=3, new_session=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-2000:]
+    assert (run / "preempted.json").exists()
+    assert Checkpointer(run / "checkpoints").load_latest() is not None

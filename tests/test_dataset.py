@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,12 @@ def test_file_list_filters(tmp_path: Path) -> None:
     for split in ("train", "val"):
         for name in ("a/1.jpg", "a/2.jpg", "b/3.jpg"):
             _img(tmp_path / split / name)
+    (tmp_path / "train" / "a" / "anim.gif").write_bytes(b"GIF89a")
     keep = tmp_path / "clean.txt"
     keep.write_text(f"# checked\ntrain/a/2.jpg\ntrain/b/3.jpg\n{tmp_path}/val/b/3.jpg\n")
-    dataset = resolve_dataset(DataConfig(root=str(tmp_path), file_list=str(keep)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the .gif is not in the list: nothing to warn about
+        dataset = resolve_dataset(DataConfig(root=str(tmp_path), file_list=str(keep)))
     assert [Path(p).name for p in dataset.splits["train"].files] == ["2.jpg", "3.jpg"]
     assert dataset.splits["val"].labels == [1]
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
@@ -255,8 +256,15 @@ COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cm
             "compare": cmd_compare}
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    # A warning is for the user: its text, not the source line that raised it.
+    return f"stallfree: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
+    warnings.formatwarning = _one_line_warning
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -193,7 +193,10 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
                 return _check_type(value, option, where)
             except RecipeError:
                 continue
-        raise RecipeError(f"{where}: {value!r} matches none of {annotation}")
+        options = " or ".join(
+            ", ".join(map(repr, typing.get_args(o))) if typing.get_origin(o) is Literal
+            else getattr(o, "__name__", str(o)) for o in typing.get_args(annotation))
+        raise RecipeError(f"{where} = {value!r}; expected {options}")
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (annotation is int and isinstance(value, bool)) or not isinstance(value, annotation):

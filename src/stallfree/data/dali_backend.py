@@ -28,7 +28,7 @@ from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
-from stallfree.errors import StallfreeError
+from stallfree.errors import StallfreeError, some_of
 from stallfree.parallel import cpu_workers
 
 try:
@@ -121,6 +121,9 @@ class DaliLoader(ShardedLoader):
         files, labels = _usable_files(spec, self.threads)
         super().__init__(len(files), batch_size=spec.batch_size, dist=spec.dist,
                          train=spec.train, seed=spec.seed)
+        # Files left out by data.on_error = skip count as skipped once per epoch (on rank 0,
+        # so that the all-ranks sum is their number).
+        self._left_out = len(spec.listing) - len(files) if spec.dist.rank == 0 else 0
         self.spec = spec
         # loader.dali.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
         gpu = spec.device.type == "cuda" and opts.device != "cpu"
@@ -173,6 +176,8 @@ class DaliLoader(ShardedLoader):
         if self.batches_left() == 0:
             self._start, self._taken = 0, 0
             return
+        if self.position == 0:
+            self.skipped_samples += self._left_out
         if self._iterator is not None and self._checkpoint is None:
             # Re-iterated after stopping mid-epoch: continue on the next unseen batch, as the
             # torch backend does, instead of restarting the epoch under a mid-epoch counter.
@@ -262,9 +267,9 @@ def _usable_files(spec: LoaderSpec, threads: int) -> tuple[list[str], list[int]]
         return files, labels
     bad_files = cached_bad_files(files, spec.max_pixels, threads, spec.dist)
     if bad_files:
+        named = [f"{path}: {reason}" for path, reason in bad_files.items()]
         warnings.warn(f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
-                      f"left out: {'; '.join(f'{p}: {r}' for p, r in list(bad_files.items())[:3])}",
-                      stacklevel=3)
+                      f"left out: {some_of(named)}", stacklevel=3)
     kept = [(f, label) for f, label in zip(files, labels) if f not in bad_files]
     return [f for f, _ in kept], [label for _, label in kept]
 

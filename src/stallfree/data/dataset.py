@@ -120,7 +120,8 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         if not folder.is_dir():
             continue  # a training class without val images: warned about by resolve_dataset
         files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
-        left_out += [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+        left_out += [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS
+                     and (allowed is None or p.resolve() in allowed)]  # a clean list decides
         files = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS
                  and (allowed is None or p.resolve() in allowed)]
         if not files and split == "train":

@@ -24,6 +24,8 @@ from stallfree.data.dataset import SPLITS, resolve_dataset
 from stallfree.recipe import DataConfig
 
 MANIFEST = "manifest.json"
+# Each shard ends with two zero blocks, padded to tar's 10 KiB record: kept free in the budget.
+_RESERVE = tarfile.RECORDSIZE
 FORMAT = "stallfree-wds-1"
 
 
@@ -86,16 +88,18 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
     for i, (path, label) in enumerate(tqdm(samples, desc=f"packing {split}", unit="img",
                                            disable=not progress)):
         data = Path(path).read_bytes()
-        if tar is None or size + len(data) > shard_bytes:
+        # On disk: a 512-byte header for each of the two members, data padded to 512 bytes.
+        need = 2 * 512 + -(-len(data) // 512) * 512 + 512
+        if tar is None or (size + need > shard_bytes and size > _RESERVE):
             if tar is not None:
                 close()
             shards.append({"name": f"{split}-{len(shards):06d}.tar"})
             tar = tarfile.open(out / shards[-1]["name"], "w", format=tarfile.USTAR_FORMAT)
-            size = 0
+            size = _RESERVE
         key = f"{split}{i:09d}"
         _add(tar, f"{key}.{Path(path).suffix.lower().lstrip('.') or 'jpg'}", data)
         _add(tar, f"{key}.cls", str(label).encode())
-        size += len(data) + 1024
+        size += need
     if tar is not None:
         close()
     return shards

@@ -6,6 +6,7 @@ normalisation on the device in a prefetcher that overlaps the next copy with com
 
 from __future__ import annotations
 
+import signal
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -19,6 +20,7 @@ from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
+from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
 
@@ -72,6 +74,11 @@ def collate_uint8(items: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, to
 def _worker_init(_: int) -> None:
     # Each worker decodes one image at a time; intra-op threads would only oversubscribe cores.
     torch.set_num_threads(1)
+    # A scheduler signals the whole process group. The main process finishes the step, saves
+    # and shuts the workers down itself; a worker killed by SIGTERM first would end the run
+    # with "DataLoader worker is killed by signal" and no checkpoint.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def shutdown_workers(dataloader: DataLoader) -> None:
@@ -106,7 +113,7 @@ class TorchLoader(ShardedLoader):
             raise bad[0]
         if bad:
             warnings.warn(f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
-                          f"batch comes: {'; '.join(map(str, bad[:3]))}", stacklevel=2)
+                          f"batch comes: {some_of(list(map(str, bad)))}", stacklevel=2)
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
             ImageDataset(spec.listing.samples, transform, spec.augment, spec.max_pixels),
