@@ -69,6 +69,18 @@ def _decode(job: tuple[str, int]) -> str | None:
     return None
 
 
+def decode_all(paths: list[str], max_pixels: int, workers: int, *, desc: str,
+               progress: bool) -> list[str | None]:
+    """Fully decode `paths` in `workers` processes: the reason each one fails, or None."""
+    with ProcessPoolExecutor(max(1, workers)) as pool:
+        reasons = pool.map(_decode, [(p, max_pixels) for p in paths], chunksize=16)
+        return list(tqdm(reasons, total=len(paths), unit="img", desc=desc, disable=not progress))
+
+
+def _class_of(path: Path) -> str:
+    return f"{path.parent.parent.name}/{path.parent.name}"
+
+
 def _files(root: Path) -> list[Path]:
     """Every file under ROOT/{train,val}/<class>/ (hidden ones aside)."""
     found: list[Path] = []
@@ -89,22 +101,21 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     report = CheckReport(root=root)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
     for path in files:
-        report.per_class[f"{path.parent.parent.name}/{path.parent.name}"] += 1
+        report.per_class[_class_of(path)] += 1
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
             report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
     started = time.perf_counter()
-    workers = cpu_cores() if workers < 1 else workers
-    with ProcessPoolExecutor(workers) as pool:
-        reasons = pool.map(_decode, [(str(p), max_pixels) for p in images], chunksize=16)
-        for path, reason in tqdm(zip(images, reasons), total=len(images), unit="img",
-                                 desc=f"checking {root}", disable=not progress):
-            if reason is None:
-                report.good.append(path)
-            else:
-                report.bad.append((path, reason))
+    reasons = decode_all([str(p) for p in images], max_pixels,
+                         cpu_cores() if workers < 1 else workers, desc=f"checking {root}",
+                         progress=progress)
+    for path, reason in zip(images, reasons):
+        if reason is None:
+            report.good.append(path)
+        else:
+            report.bad.append((path, reason))
     report.seconds = time.perf_counter() - started
     for path, _ in report.bad:
-        report.per_class_bad[f"{path.parent.parent.name}/{path.parent.name}"] += 1
+        report.per_class_bad[_class_of(path)] += 1
     return report
 
 
@@ -150,12 +161,9 @@ def cached_bad_files(paths: list[str], max_pixels: int, workers: int,
     if cache.is_file():
         return json.loads(cache.read_text())["bad"]
     share = paths[dist.rank::dist.world_size]
-    with ProcessPoolExecutor(max(1, workers)) as pool:
-        reasons = pool.map(_decode, [(p, max_pixels) for p in share], chunksize=16)
-        bad = {p: r for p, r in tqdm(zip(share, reasons), total=len(share), unit="img",
-                                     desc="checking images (data.on_error = skip)",
-                                     disable=dist.rank != 0 or len(share) < 10_000) if r}
-    bad = _gathered(bad, dist)
+    reasons = decode_all(share, max_pixels, workers, desc="checking images (data.on_error = skip)",
+                         progress=dist.rank == 0 and len(share) >= 10_000)
+    bad = _gathered({p: r for p, r in zip(share, reasons) if r}, dist)
     if dist.rank == 0:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")

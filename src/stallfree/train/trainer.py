@@ -115,7 +115,6 @@ class Trainer:
         images = batch.images if mixed is None else mixed.images
         n = batch.labels.numel()
         chunks = self.micro.split(n)
-        total = torch.zeros((), device=self.device)
         for k, (a, b) in enumerate(chunks):
             last = boundary and k == len(chunks) - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
@@ -132,8 +131,7 @@ class Trainer:
                 # Weighted by the chunk's share of the batch and divided by the window's true
                 # length, so the summed gradient is the window mean (short last window too).
                 self.scaler.scale(loss * ((b - a) / n / window_len)).backward()
-            total += loss.detach() * (b - a)
-        self._window.loss_sum += total
+            self._window.loss_sum += loss.detach() * (b - a)
         self._window.samples += n
 
     def _step_with_backoff(self, batch: Batch, window_len: int, boundary: bool, index: int,
