@@ -143,7 +143,7 @@ def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
 @pytest.mark.dali
 def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import stallfree.data.check as check
+    import stallfree.data.startup as startup
 
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _root_with_bad_train_files(tmp_path / "data")
@@ -154,8 +154,8 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
     assert len(loader) == 5 and sum(b.labels.numel() for b in loader) == 10
     assert loader.skipped_samples == 2  # the left-out files count, once per epoch
     loader.close()
-    assert len(list((tmp_path / "cache").glob("check-*.json"))) == 1
-    monkeypatch.setattr(check, "_decode", None)  # a second start must not decode again
+    assert len(list((tmp_path / "cache").glob("decode-*.json"))) == 1
+    monkeypatch.setattr(startup, "_decode", None)  # a second start must not decode again
     with pytest.warns(UserWarning, match="2 file.*left out"):
         again = build_loader(recipe, "train", device=torch.device("cpu"))
     assert len(again) == 5

@@ -170,7 +170,7 @@ def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str
                              "--no-progress", *out, *extra], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("stallfree: error:")]
+    lines = [line for line in result.stderr.splitlines() if "stallfree: error:" in line]
     assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # validated before anything was written

@@ -24,6 +24,7 @@ import torch
 
 from stallfree.train.precision import cpu_has_native_bf16
 from stallfree.bench_usage import ResourceSampler
+from stallfree.log import LOGGER
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.loader import Batch, Loader, build_loader
 from stallfree.parallel import DistInfo, cpu_cores
@@ -311,7 +312,7 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             record = {"backend": backend, "mode": mode, "knob": knob, "repeat": repeat, **result}
             records.append(record)
             if progress:
-                print(_progress_line(record), flush=True)
+                LOGGER.info(_progress_line(record))
         if "train" in cfg.modes:
             result = run_isolated("bare", recipe, "", cfg.warmup, cfg.batches)
             records.append({"backend": "bare-loop", "mode": "train", "knob": None,

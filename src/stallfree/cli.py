@@ -7,12 +7,12 @@ import json
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree.data.registry import BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
+from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe
 
 
@@ -46,6 +46,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--photo-like", action="store_true",
                       help="natural-image texture, short side 333-500, ~100 KB JPEGs (for benchmarks)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     check = data_sub.add_parser("check", help="decode every image of ROOT/{train,val}; name the "
                                               "bad ones; exit 1 if there are any")
     check.add_argument("root", help="dataset folder with train/ and val/")
@@ -79,6 +80,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: dali, dali-cpudecode, torch, torch-naive, synthetic")
     p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no per-run progress lines (they are timestamped off a terminal)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; the median is reported")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches before each run")
     p.add_argument("--batches", type=int, default=30, help="timed batches (or steps) per run")
@@ -133,6 +136,7 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
 def cmd_train(args: argparse.Namespace) -> int:
     from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
     from stallfree.train.run import train  # torch-heavy imports only when training
+    from stallfree.train.slurm import maybe_requeue
     from stallfree.train.trainer import PreemptedError
 
     recipe = resolve_recipe(args)
@@ -143,15 +147,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        summary = train(recipe, out, progress=not args.no_progress, resume=args.resume,
+        summary = train(recipe, out, progress=show_progress(not args.no_progress), resume=args.resume,
                         force=args.force, profile_steps=args.profile)
     except PreemptedError as exc:
         code = INTERRUPTED_EXIT_CODE if exc.signal == "SIGINT" else PREEMPTED_EXIT_CODE
-        print(f"stallfree: {exc} ({exc.signal}); checkpoint saved in {out}/checkpoints. Resume "
-              f"with --out {out} --resume auto (exit code {code})", file=sys.stderr)
+        LOGGER.warning(f"{exc} ({exc.signal}); checkpoint saved in {out}/checkpoints. Resume "
+                       f"with --out {out} --resume auto (exit code {code})")
+        # Every rank has left the process group by now: the requeue cannot cut a save short.
+        maybe_requeue(exc.signal, recipe.train.slurm_requeue, _rank())
         return code
-    print(f"{out}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()
-                                 if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")))
+    if _rank() == 0:  # the job's result, once
+        print(f"{out}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in summary.items()
+                                     if k in ("images_per_s", "data_wait_frac", "val_top1",
+                                              "wall_s")))
     return 0
 
 
@@ -166,7 +174,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise RecipeError(f"--shard-size {args.shard_size!r}: expected e.g. 256MB") from exc
         manifest = pack_dataset(args.root, args.out, shard_bytes=shard_bytes, seed=args.seed,
-                                progress=not args.no_progress)
+                                progress=show_progress(not args.no_progress))
         for split, info in manifest["splits"].items():
             print(f"{split}: {info['samples']} samples in {len(info['shards'])} shard(s)")
         print(f"wrote {args.out}; train from it with --set data.root=\"{args.out}\" "
@@ -175,7 +183,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     from stallfree.data.demo import write_demo
 
     out = write_demo(args.out, train_per_class=args.train_per_class,
-                     val_per_class=args.val_per_class, seed=args.seed, photo_like=args.photo_like)
+                     val_per_class=args.val_per_class, seed=args.seed, photo_like=args.photo_like,
+                     progress=show_progress(not args.no_progress))
     print(f"wrote demo data to {out}")
     return 0
 
@@ -184,7 +193,7 @@ def _data_check(args: argparse.Namespace) -> int:
     from stallfree.data.check import check_dataset, summary
 
     report = check_dataset(args.root, workers=args.workers, max_pixels=args.max_pixels,
-                           progress=not args.no_progress)
+                           progress=show_progress(not args.no_progress))
     print(summary(report))
     if args.write_list:
         Path(args.write_list).write_text(report.clean_list())
@@ -206,7 +215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as exc:
         raise RecipeError(str(exc)) from exc
-    result = run_bench(recipe, config)
+    result = run_bench(recipe, config, progress=not args.no_progress)
     written = write_report(result, args.out, command="stallfree " + " ".join(sys.argv[1:]))
     print((Path(args.out) / "bench.md").read_text())
     print("wrote " + ", ".join(str(p) for p in written))
@@ -217,7 +226,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from stallfree.train.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(resolve_recipe(args), args.checkpoint)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank() == 0:
         if args.json:
             print(json.dumps(result))
         else:
@@ -256,22 +265,23 @@ COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cm
             "compare": cmd_compare}
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
-                      lineno: int, line: str | None = None) -> str:
-    # A warning is for the user: its text, not the source line that raised it.
-    return f"stallfree: warning: {message}\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
-    warnings.formatwarning = _one_line_warning
     args = build_parser().parse_args(argv)
+    setup_logging(_rank())
     try:
         return COMMANDS[args.command](args)
     except StallfreeError as exc:
         hint = f" ({exc.hint})" if exc.hint else ""
-        print(f"stallfree: error: {exc}{hint}", file=sys.stderr)
+        LOGGER.error(f"error: {exc}{hint}")
         return exc.exit_code
+
+
+def _rank() -> int:
+    """This process's rank under torchrun or srun, without importing torch."""
+    from stallfree.parallel import DistInfo
+
+    return DistInfo.from_env().rank
 
 
 if __name__ == "__main__":

@@ -20,13 +20,61 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> DistInfo:
-        """What torchrun put in the environment; a single process without it."""
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        if world_size <= 1:
+        """What torchrun, or else an `srun` job step, put in the environment; else one process.
+
+        Under srun (one task per GPU, no torchrun) Slurm's own variables give the ranks. Only a
+        job step counts: the batch script's shell also has SLURM_NTASKS, but no step's task
+        count, and must stay a single process.
+        """
+        env = os.environ
+        if "WORLD_SIZE" in env:
+            world_size = int(env["WORLD_SIZE"])
+            if world_size <= 1:
+                return cls()
+            return cls(rank=int(env["RANK"]), world_size=world_size,
+                       local_rank=int(env.get("LOCAL_RANK", "0")),
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")))
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+        if tasks <= 1 or "SLURM_PROCID" not in env:
             return cls()
-        return cls(rank=int(os.environ["RANK"]), world_size=world_size,
-                   local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        per_node = _expand_counts(env.get("SLURM_STEP_TASKS_PER_NODE", str(tasks)))
+        node = int(env.get("SLURM_NODEID", "0"))
+        return cls(rank=int(env["SLURM_PROCID"]), world_size=tasks,
+                   local_rank=int(env.get("SLURM_LOCALID", "0")),
+                   local_world_size=per_node[node] if node < len(per_node) else per_node[-1])
+
+    @property
+    def slurm_step(self) -> bool:
+        """Launched as a task of an srun step (not by torchrun): the rendezvous is Slurm's."""
+        return self.world_size > 1 and "WORLD_SIZE" not in os.environ
+
+
+def _expand_counts(text: str) -> list[int]:
+    """Slurm's tasks per node, "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in text.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    return counts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: "gpu[07-09,12],cpu1" -> "gpu07"."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
+    if "[" not in head:
+        return head
+    prefix, _, rest = head.partition("[")
+    return prefix + rest.split(",")[0].split("-")[0].rstrip("]")
+
+
+def slurm_rendezvous(env: dict[str, str] | None = None) -> dict[str, str]:
+    """MASTER_ADDR and MASTER_PORT for an srun step: its first node, and a port from the job
+    id (the same for every task, and for the job when it is requeued) unless already set."""
+    env = dict(os.environ if env is None else env)
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
+    return {"MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(
+                20_000 + int(env.get("SLURM_JOB_ID", "0")) % 20_000)}
 
 
 def cpu_cores() -> int:

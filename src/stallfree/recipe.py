@@ -114,6 +114,9 @@ class TrainConfig:
     ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only
     # >= 2: a crash in the middle of a save must leave one good checkpoint.
     keep_checkpoints: int = field(default=3, metadata=_at_least(2))
+    # Under Slurm, SIGUSR1 (#SBATCH --signal=USR1@300) saves, then rank 0 runs
+    # `scontrol requeue $SLURM_JOB_ID` so that the job comes back and resumes; false: just exit 75.
+    slurm_requeue: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,21 +6,16 @@ just the header), so its clean list (`--write-list`) is safe for `data.file_list
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from stallfree.data.dataset import SPLITS, DatasetError
-from stallfree.data.imageio import IMAGE_EXTENSIONS, BadImageError, open_rgb
+from stallfree.data.imageio import IMAGE_EXTENSIONS
+from stallfree.data.startup import decode_all
 from stallfree import __version__
-from stallfree.parallel import DistInfo, cpu_cores
+from stallfree.parallel import cpu_cores
 from stallfree.recipe import DEFAULT_MAX_PIXELS
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
@@ -49,6 +44,7 @@ class CheckReport:
     per_class: Counter[str] = field(default_factory=Counter)
     per_class_bad: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     @property
     def per_kind(self) -> Counter[str]:
@@ -57,24 +53,11 @@ class CheckReport:
     def clean_list(self) -> str:
         """One good file per line, relative to the root: the format `data.file_list` reads."""
         lines = sorted(str(p.relative_to(self.root)) for p in self.good)
-        return f"# stallfree data check {self.root}: {len(lines)} good files\n" + "\n".join(lines) + "\n"
-
-
-def _decode(job: tuple[str, int]) -> str | None:
-    path, max_pixels = job
-    try:
-        open_rgb(path, max_pixels)
-    except BadImageError as exc:
-        return exc.reason
-    return None
-
-
-def decode_all(paths: list[str], max_pixels: int, workers: int, *, desc: str,
-               progress: bool) -> list[str | None]:
-    """Fully decode `paths` in `workers` processes: the reason each one fails, or None."""
-    with ProcessPoolExecutor(max(1, workers)) as pool:
-        reasons = pool.map(_decode, [(p, max_pixels) for p in paths], chunksize=16)
-        return list(tqdm(reasons, total=len(paths), unit="img", desc=desc, disable=not progress))
+        # The first line says under which rules and limit every file was decoded: a run with
+        # the same ones needs no header check at start (data/dataset.py reads it back).
+        head = (f"# stallfree data check {self.root}: {len(lines)} good files "
+                f"(stallfree {__version__}, max_pixels {self.max_pixels})")
+        return head + "\n" + "\n".join(lines) + "\n"
 
 
 def _class_of(path: Path) -> str:
@@ -98,7 +81,7 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     """Fully decode every image under ROOT/{train,val} in `workers` processes."""
     root = Path(root)
     files = _files(root)
-    report = CheckReport(root=root)
+    report = CheckReport(root=root, max_pixels=max_pixels)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
     for path in files:
         report.per_class[_class_of(path)] += 1
@@ -131,54 +114,3 @@ def summary(report: CheckReport) -> str:
     for name in bad_classes:
         lines.append(f"  {name}: {report.per_class_bad[name]} of {report.per_class[name]} bad")
     return "\n".join(lines)
-
-
-def cache_dir() -> Path:
-    """Where check results are kept: $STALLFREE_CACHE, else $XDG_CACHE_HOME/stallfree."""
-    base = os.environ.get("STALLFREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stallfree")
-    return Path(base)
-
-
-def _cache_key(paths: list[str], max_pixels: int) -> str:
-    """Names, sizes and modification times of the files, the limit and the rules' version."""
-    digest = hashlib.sha256(f"{__version__} {max_pixels}".encode())
-    for path in paths:
-        st = os.stat(path.rpartition("::")[0] or path)  # a tar member: its shard's size and time
-        digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:32]
-
-
-def cached_bad_files(paths: list[str], max_pixels: int, workers: int,
-                     dist: DistInfo | None = None) -> dict[str, str]:
-    """{path: reason} for the files of `paths` that do not decode, checked once and cached.
-
-    Each rank decodes its share; the results are gathered when a process group exists, so
-    every rank leaves out the same files.
-    """
-    dist = dist or DistInfo()
-    cache = cache_dir() / f"check-{_cache_key(paths, max_pixels)}.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())["bad"]
-    share = paths[dist.rank::dist.world_size]
-    reasons = decode_all(share, max_pixels, workers, desc="checking images (data.on_error = skip)",
-                         progress=dist.rank == 0 and len(share) >= 10_000)
-    bad = _gathered({p: r for p, r in zip(share, reasons) if r}, dist)
-    if dist.rank == 0:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"files": len(paths), "bad": bad}))
-        os.replace(tmp, cache)
-    return bad
-
-
-def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str]:
-    if dist.world_size <= 1:
-        return bad
-    import torch.distributed as torch_dist
-
-    if not torch_dist.is_initialized():
-        raise RuntimeError("data.on_error = skip with several ranks needs the process group")
-    parts: list[dict[str, str] | None] = [None] * dist.world_size
-    torch_dist.all_gather_object(parts, bad)
-    return {path: reason for part in parts for path, reason in (part or {}).items()}

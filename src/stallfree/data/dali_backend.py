@@ -1,9 +1,11 @@
 """The `dali` backend: one NVIDIA DALI graph for the GPU (nvJPEG, `mixed`) and the CPU.
 
-Each rank's reader gets its own explicit file list, cut from the epoch's global order by the
+Each rank's samples are fed through an external source in the epoch's global order, cut by the
 shared `ShardPlan`, so class indices, sample order and `len()` are identical to the torch
-backend's. The pipeline is rebuilt for each epoch (and on resume: with DALI's own checkpoint when
-the shards are unchanged, else with the list of the samples not yet seen).
+backend's; the bytes are read from the compact listing as they are needed (files and tar
+members alike), so no per-sample list lives in DALI. The pipeline is rebuilt for each epoch and
+on resume (with DALI's own checkpoint, i.e. its random state, when the shards are unchanged);
+the source restarts at the next unseen sample.
 
 Every file's header is checked before training (DALI cannot skip a sample, and nothing else
 would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
@@ -12,6 +14,7 @@ decoded one by one to name the file.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tempfile
@@ -22,13 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.check import cached_bad_files
 from stallfree.data.headers import read_bytes
-from stallfree.data.imageio import BadImageError, bad_headers
+from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError, some_of
+from stallfree.data.startup import cached_bad_files
 from stallfree.parallel import cpu_workers
 
 try:
@@ -41,7 +44,7 @@ except ImportError as exc:  # only raised when --loader dali is chosen
         "(or pip install nvidia-dali-cuda120)"
     ) from exc
 
-# Tar shards feed DALI through an external source, which DALI's checkpoint does not cover; the
+# Samples feed DALI through an external source, which DALI's checkpoint does not cover; the
 # loader restarts that source at the next unseen sample itself, as the warning asks.
 warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external")
 
@@ -58,22 +61,18 @@ class DataPipelineError(StallfreeError, RuntimeError):
 
 
 @pipeline_def(enable_checkpointing=True)
-def image_pipeline(*, files: list[str], labels: list[int], spec: LoaderSpec, decode_device: str,
-                   augment_on_gpu: bool, raw_uint8: bool = False,
-                   source: Iterator[Any] | None = None) -> tuple[Any, Any]:
-    """Read, decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu".
+def image_pipeline(*, source: Iterator[Any], spec: LoaderSpec, decode_device: str,
+                   augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
+    """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source`
+    yields this rank's batches as (encoded bytes, labels).
 
     `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
     GPU run: a quarter of the bytes to copy, normalised on the GPU like the torch backend's).
     """
     aug = spec.augment
     size = aug.image_size
-    if source is not None:  # tar shards: this rank's batches of member bytes, read in place
-        jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True,
-                                          dtype=[types.UINT8, types.INT64])
-    else:  # this rank's own files in order (ShardPlan did the sharding): one shard, no shuffle
-        jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False,
-                                       pad_last_batch=True, name="Reader")
+    jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True,
+                                      dtype=[types.UINT8, types.INT64])
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
     hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.dali.hw_decoder_load,
@@ -118,12 +117,14 @@ class DaliLoader(ShardedLoader):
         # DALI needs at least one thread: 0 means "derive it", like -1.
         self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
                                    spec.dist.local_world_size)
-        files, labels = _usable_files(spec, self.threads)
-        super().__init__(len(files), batch_size=spec.batch_size, dist=spec.dist,
+        # Sample i of the plan is listing entry kept[i] (all of them unless files are skipped).
+        self._kept = _usable_ids(spec, self.threads)
+        n = len(spec.listing) if self._kept is None else len(self._kept)
+        super().__init__(n, batch_size=spec.batch_size, dist=spec.dist,
                          train=spec.train, seed=spec.seed)
         # Files left out by data.on_error = skip count as skipped once per epoch (on rank 0,
         # so that the all-ranks sum is their number).
-        self._left_out = len(spec.listing) - len(files) if spec.dist.rank == 0 else 0
+        self._left_out = len(spec.listing) - n if spec.dist.rank == 0 else 0
         self.spec = spec
         # loader.dali.device = "cpu" keeps the whole graph on the CPU even when training on a GPU.
         gpu = spec.device.type == "cuda" and opts.device != "cpu"
@@ -134,43 +135,36 @@ class DaliLoader(ShardedLoader):
         self.prefetcher = DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std,
                                            spec.dtype, spec.channels_last) \
             if spec.device.type == "cuda" and not gpu else None
-        self._paths = np.array(files)
-        self._labels = np.array(labels, dtype=np.int64)
-        self.tar = bool(files) and "::" in files[0]  # samples are tar members (data.format tar)
         self._iterator: DALIGenericIterator | None = None
-        self._files: list[str] = []  # what the live pipeline reads, in order
-        self._list_start = 0  # global position at which that list begins
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
 
     def _build(self) -> DALIGenericIterator:
-        """A pipeline over this rank's remaining samples of the epoch (from the live list's start
-        when DALI's own checkpoint is restored: a reader's position counts from there)."""
+        """A pipeline over this rank's remaining samples of the epoch, from `position` on."""
         spec = self.spec
-        # A reader's checkpoint counts from its list's start; an external source (tar shards)
-        # is not in DALI's checkpoint, so it always starts at the next unseen sample.
-        start = self._list_start if self._checkpoint and not self.tar else self.position
-        ids = np.concatenate(list(self.plan.batches(self.epoch_order()[0], start)))
-        self._files, self._list_start = self._paths[ids].tolist(), start
-        source = self._member_batches(start) if self.tar else None
+        start = self.position
         pipe = image_pipeline(
-            files=self._files, labels=self._labels[ids].tolist(), spec=spec,
-            decode_device=self.decode_device, augment_on_gpu=self.augment_on_gpu,
-            raw_uint8=self.prefetcher is not None, source=source, batch_size=spec.batch_size,
-            num_threads=self.threads, device_id=self.device_id,
+            source=self._member_batches(start), spec=spec, decode_device=self.decode_device,
+            augment_on_gpu=self.augment_on_gpu, raw_uint8=self.prefetcher is not None,
+            batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
             seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
             prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
         self._checkpoint = None
         policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
-        return DALIGenericIterator([pipe], ["images", "labels"],
-                                   reader_name=None if self.tar else "Reader",
+        return DALIGenericIterator([pipe], ["images", "labels"], size=-1,
                                    last_batch_policy=policy, auto_reset=False)
+
+    def _listing_ids(self, ids: np.ndarray) -> np.ndarray:
+        return ids if self._kept is None else self._kept[ids]
 
     def _member_batches(self, start: int) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
         """This rank's batches from global sample `start` on, as bytes and labels."""
+        listing = self.spec.listing
+        assert listing is not None
         for ids in self.plan.batches(self.epoch_order()[0], start):
-            yield ([np.frombuffer(read_bytes(self._paths[i]), dtype=np.uint8) for i in ids],
-                   [np.array([self._labels[i]], dtype=np.int64) for i in ids])
+            ids = self._listing_ids(ids)
+            yield ([np.frombuffer(read_bytes(path), dtype=np.uint8) for path in listing.paths(ids)],
+                   [np.array([listing.labels[i]], dtype=np.int64) for i in ids])
 
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_left() == 0:
@@ -189,17 +183,18 @@ class DaliLoader(ShardedLoader):
             self._close_iterator()
             if _is_memory_error(exc):
                 raise  # out of memory is not a bad file: the trainer's advice applies
-            # Samples of the live list consumed so far locate the batches in flight.
-            raise self._explain(exc, self.position - self._list_start) from None
+            raise self._explain(exc) from None
         # Not in a `finally`: a caller that stops mid-epoch keeps the live iterator, whose
         # checkpoint the next iteration (or state_dict) continues from.
         self._close_iterator()
 
-    def _explain(self, exc: RuntimeError, done: int) -> StallfreeError:
+    def _explain(self, exc: RuntimeError) -> StallfreeError:
         """Name the file that stopped the pipeline: decode the batches in flight one by one."""
-        in_flight = (self.spec.loader.prefetch + 2) * self.spec.batch_size
-        first = max(0, done // self.plan.world_size)  # this rank's share of the consumed samples
-        culprit = first_undecodable(self._files[first:first + in_flight])
+        in_flight = itertools.islice(self.plan.batches(self.epoch_order()[0], self.position),
+                                     self.spec.loader.prefetch + 2)
+        assert self.spec.listing is not None
+        culprit = first_undecodable(self.spec.listing.paths(
+            self._listing_ids(np.concatenate([*in_flight, np.zeros(0, np.int64)]))))
         if culprit is not None:
             return BadImageError(culprit[0], f"DALI cannot decode it: {culprit[1]}")
         return DataPipelineError(f"the DALI pipeline stopped: {_first_cause(str(exc))}")
@@ -232,16 +227,15 @@ class DaliLoader(ShardedLoader):
         if self._iterator is not None and 0 < self.batches_left() < len(self):
             # DALI's own checkpoint: reader position and every RNG, as of the last batch yielded.
             state["dali"] = self._iterator.checkpoints()[0]
-            state["dali_list_start"] = self._list_start
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        # DALI's checkpoint holds a reader position inside this rank's file list: it applies
-        # only when the shards are unchanged. Otherwise the list is rebuilt from `position`.
-        usable = "dali" in state and self.same_shards(state)
+        # DALI's checkpoint holds its random state, which continues this rank's stream: it
+        # applies only when the shards are unchanged (and not to a 0.2 checkpoint, whose
+        # pipeline had a file reader: "dali_list_start").
+        usable = "dali" in state and self.same_shards(state) and "dali_list_start" not in state
         self._checkpoint = state["dali"] if usable else None
-        self._list_start = int(state.get("dali_list_start", 0)) if usable else 0
 
     def _close_iterator(self) -> None:
         self._iterator = None  # drops the pipeline, its threads and buffers
@@ -250,28 +244,29 @@ class DaliLoader(ShardedLoader):
         self._close_iterator()
 
 
-def _usable_files(spec: LoaderSpec, threads: int) -> tuple[list[str], list[int]]:
-    """The split's files and labels that DALI may read.
+def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
+    """The listing entries DALI may read: None for all of them.
 
     DALI cannot skip a sample, and a decompression bomb would decode to many GB first: every
-    header is checked (this rank's share), and a bad one raises. Under data.on_error = "skip"
-    the split is fully decoded once instead (cached by names, sizes and times) and the bad files
-    are left out, so the epoch has fewer samples than the torch backend's.
+    header is checked (each rank its share; cached per dataset state), and a bad one raises.
+    Under data.on_error = "skip" the split is fully decoded once instead (cached likewise) and
+    the bad files are left out, so the epoch has fewer samples than the torch backend's.
     """
     assert spec.listing is not None
-    files, labels = spec.listing.files, spec.listing.labels
     if spec.on_error != "skip":
-        bad = bad_headers(files[spec.dist.rank::spec.dist.world_size], spec.max_pixels, threads)
+        bad = spec.bad_headers(threads)
         if bad:
             raise bad[0]
-        return files, labels
-    bad_files = cached_bad_files(files, spec.max_pixels, threads, spec.dist)
-    if bad_files:
-        named = [f"{path}: {reason}" for path, reason in bad_files.items()]
-        warnings.warn(f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
-                      f"left out: {some_of(named)}", stacklevel=3)
-    kept = [(f, label) for f, label in zip(files, labels) if f not in bad_files]
-    return [f for f, _ in kept], [label for _, label in kept]
+        return None
+    bad_files = cached_bad_files(spec.listing, sources=spec.sources, max_pixels=spec.max_pixels,
+                                 workers=threads, dist=spec.dist)
+    if not bad_files:
+        return None
+    named = [f"{path}: {reason}" for path, reason in bad_files.items()]
+    warnings.warn(f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
+                  f"left out: {some_of(named)}", stacklevel=3)
+    return np.array([i for i, path in enumerate(spec.listing.iter_paths())
+                     if path not in bad_files], dtype=np.int64)
 
 
 def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:

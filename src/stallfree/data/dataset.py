@@ -1,19 +1,27 @@
 """The dataset, resolved once: train's class folders define the labels of every split.
 
 Every backend, the bench and the trainer take this one `Dataset`; nobody lists folders again.
+Listing is `os.scandir` (no `stat()` per file) into a `Listing` of bytes (see data/listing.py),
+so ImageNet-sized folders list in seconds and cost bytes, not Python objects, per sample.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.errors import StallfreeError
+from stallfree.data.listing import Listing, ListingBuilder
+from stallfree.errors import StallfreeError, some_of
 from stallfree.recipe import DataConfig
 
 SPLITS = ("train", "val")
+# The first line `stallfree data check --write-list` writes: a list it fully decoded under this
+# version's rules and pixel limit needs no header check at start.
+CHECKED_LIST = re.compile(r"^# stallfree data check .*\(stallfree (\S+), max_pixels (\d+)\)\s*$")
 
 
 class DatasetError(StallfreeError, ValueError):
@@ -21,31 +29,19 @@ class DatasetError(StallfreeError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Listing:
-    """Sorted (path, label) pairs of one split, and the class names that labels index."""
-
-    samples: tuple[tuple[str, int], ...]
-    classes: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    @property
-    def files(self) -> list[str]:
-        return [path for path, _ in self.samples]
-
-    @property
-    def labels(self) -> list[int]:
-        return [label for _, label in self.samples]
-
-
-@dataclass(frozen=True, slots=True)
 class Dataset:
-    """Listings of train and val under one label map (train's sorted class folders)."""
+    """Listings of train and val under one label map (train's sorted class folders).
+
+    `sources` are the folders (or shards) the listings were read from, whose modification
+    times tell whether a cached header check still holds; `checked_by` is (version, max_pixels)
+    when the listing is a `data check` clean list.
+    """
 
     root: str
     classes: tuple[str, ...]
     splits: dict[str, Listing]
+    sources: tuple[str, ...] = ()
+    checked_by: tuple[str, int] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -56,28 +52,38 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     """List `data.root/{train,val}/<class>/<image>` once, with train's classes as the label map.
 
     A val class that train lacks is an error (its label would mean nothing); a train class with
-    no val folder is a warning (its accuracy simply goes unmeasured).
+    no val folder or no val images is a warning (its accuracy simply goes unmeasured).
     """
     if data.format == "tar":
         from stallfree.data.tarshards import resolve_shards
 
         return resolve_shards(data.root)
     root = _check_root(data.root)
-    allowed = _read_file_list(root, data.file_list) if data.file_list else None
-    train = list_split(root, "train", None, allowed)
+    classes = tuple(_class_dirs(root / "train"))
     val_dir = root / "val"
-    unknown = sorted(set(_class_dirs(val_dir)) - set(train.classes))
+    unknown = sorted(set(_class_dirs(val_dir)) - set(classes))
     if unknown:
         raise DatasetError(
             f"{val_dir} has class folders that {root / 'train'} lacks: {', '.join(unknown)}; "
             "labels come from train's class folders, so remove them from val/ or add them to train/"
         )
-    missing = sorted(set(train.classes) - set(_class_dirs(val_dir)))
+    if data.file_list:
+        return _from_file_list(root, classes, Path(data.file_list))
+    train = list_split(root, "train", classes)
+    val = list_split(root, "val", classes)
+    _warn_unmeasured(val_dir, classes, val)
+    sources = tuple(str(root / split / name) for split in SPLITS for name in classes)
+    return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val},
+                   sources=sources)
+
+
+def _warn_unmeasured(val_dir: Path, classes: tuple[str, ...], val: Listing) -> None:
+    present = set(val.labels.tolist())
+    missing = [name for label, name in enumerate(classes) if label not in present]
     if missing:
-        warnings.warn(f"{val_dir} has no folder for {len(missing)} training class(es): "
-                      f"{', '.join(missing[:10])}; their accuracy is not measured", stacklevel=2)
-    val = list_split(root, "val", train.classes, allowed)
-    return Dataset(root=str(root), classes=train.classes, splits={"train": train, "val": val})
+        warnings.warn(f"{val_dir} has no folder or no images for {len(missing)} training "
+                      f"class(es): {some_of(missing)}; their accuracy is not measured",
+                      stacklevel=3)
 
 
 def _check_root(root_text: str) -> Path:
@@ -95,15 +101,18 @@ def _check_root(root_text: str) -> Path:
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    with os.scandir(split_dir) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
 
 
-def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None,
-               allowed: set[Path] | None = None) -> Listing:
+def _accepted(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None) -> Listing:
     """List one split. `classes` (train's) fixes the label map; None lists the split's own folders.
 
-    Files with other extensions are left out and named in one warning; `allowed` (a clean file
-    list from the data checker) keeps only the files it names.
+    Files with other extensions are left out and named in one warning.
     """
     split_dir = Path(root) / split
     if not split_dir.is_dir():
@@ -113,36 +122,80 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         classes = tuple(own)
     if not own:
         raise DatasetError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<image>")
-    samples: list[tuple[str, int]] = []
-    left_out: list[Path] = []
+    builder = ListingBuilder(str(split_dir) + os.sep, classes)
+    left_out: list[str] = []
     for label, name in enumerate(classes):
         folder = split_dir / name
         if not folder.is_dir():
             continue  # a training class without val images: warned about by resolve_dataset
-        files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
-        left_out += [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS
-                     and (allowed is None or p.resolve() in allowed)]  # a clean list decides
-        files = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS
-                 and (allowed is None or p.resolve() in allowed)]
+        with os.scandir(folder) as entries:  # d_type says "file": no stat() per file
+            files = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file())
+        left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
+        files = [f"{name}/{f}" for f in files if _accepted(f)]
         if not files and split == "train":
             raise DatasetError(f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
                                "add images or remove the folder")
-        samples.extend((str(p), label) for p in files)
+        builder.add(files, label)
     if left_out:
-        names = ", ".join(str(p.relative_to(split_dir)) for p in left_out[:5])
-        more = f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
         warnings.warn(f"{split_dir}: left out {len(left_out)} file(s) that are not of an accepted "
-                      f"image type ({' '.join(IMAGE_EXTENSIONS)}): {names}{more}", stacklevel=2)
-    if not samples:
+                      f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
+                      stacklevel=2)
+    if not len(builder):
         raise DatasetError(f"{split_dir} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return Listing(samples=tuple(samples), classes=tuple(classes))
+    return builder.build()
 
 
-def _read_file_list(root: Path, file_list: str) -> set[Path]:
-    path = Path(file_list)
+def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset:
+    """The listing a clean file list names, read from the list alone: no folder is walked.
+
+    Lines are paths relative to data.root (or absolute, under it): SPLIT/CLASS/FILE. Each
+    split keeps the list's order within a class, classes in train's order.
+    """
     if not path.is_file():
         raise DatasetError(f"data.file_list {path} does not exist; point it at a file with one "
                            "image path per line (relative to data.root), or unset it")
-    lines = path.read_text().splitlines()
-    return {(root / line.strip()).resolve() for line in lines
-            if line.strip() and not line.lstrip().startswith("#")}
+    index = {name: label for label, name in enumerate(classes)}
+    tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
+    checked_by, left_out = None, []
+    bases = [str(root), str(root.resolve())]
+    with open(path, encoding="utf-8", errors="surrogateescape") as lines:
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if number == 1 and (m := CHECKED_LIST.match(text)):
+                checked_by = (m.group(1), int(m.group(2)))
+            if not text or text.startswith("#"):
+                continue
+            parts = _relative(text, bases).split(os.sep)
+            if len(parts) != 3 or parts[0] not in SPLITS or parts[1] not in index:
+                raise DatasetError(
+                    f"{path}:{number}: {text!r} is not SPLIT/CLASS/FILE under data.root {root} "
+                    f"with a class of {root / 'train'}; fix the line or data.root")
+            if not _accepted(parts[2]):
+                left_out.append(text)
+                continue
+            tails[parts[0]][index[parts[1]]].append(f"{parts[1]}/{parts[2]}")
+    if left_out:
+        warnings.warn(f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
+                      f"image type: {some_of(left_out, 5)}", stacklevel=3)
+    splits = {}
+    for split in SPLITS:
+        builder = ListingBuilder(str(root / split) + os.sep, classes)
+        for label, names in enumerate(tails[split]):
+            builder.add(names, label)
+        if not len(builder):
+            raise DatasetError(f"data.file_list {path} names no {split} images under {root}")
+        splits[split] = builder.build()
+    _warn_unmeasured(root / "val", classes, splits["val"])
+    folders = [str(root / split / name) for split in SPLITS for name in classes]
+    return Dataset(root=str(root), classes=classes, splits=splits,
+                   sources=(str(path), *folders), checked_by=checked_by)
+
+
+def _relative(text: str, bases: list[str]) -> str:
+    if not os.path.isabs(text):
+        return os.path.normpath(text)
+    for base in bases:
+        rel = os.path.relpath(text, base)
+        if not rel.startswith(".."):
+            return rel
+    return text

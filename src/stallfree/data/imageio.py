@@ -17,10 +17,11 @@ Pixel rules (DALI's, which the PIL path reproduces):
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -30,6 +31,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from stallfree.data.headers import (MEMBER, jpeg_marker_problem, png_is_animated, read_bytes,
                                     tiff_ifds_loop, webp_is_lossless)
 from stallfree.errors import StallfreeError
+
+# PIL warns about some malformed files ("Corrupt EXIF data") without naming them; our checks
+# name them. Filtered once, here: `warnings.catch_warnings()` in the header-check threads
+# would race on the process-wide filter list and could leave every warning switched off.
+warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
 
 DEFAULT_MAX_PIXELS: int = 89_478_485  # PIL's default Image.MAX_IMAGE_PIXELS
 
@@ -99,12 +105,13 @@ def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, 
     return size
 
 
-def bad_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
+def bad_headers(paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS,
                 threads: int = 1) -> list[BadImageError]:
     """`check_header` on every file (in `threads` threads): the errors, in file order.
 
     The loaders run it at start-up on their share of the dataset, so a bad file stops a run
-    before its first step, under either backend.
+    before its first step, under either backend. `paths` is consumed in chunks, so a lazy
+    sequence of millions of paths never exists as one list.
     """
     def problem(path: str) -> BadImageError | None:
         try:
@@ -113,8 +120,12 @@ def bad_headers(paths: list[str], max_pixels: int = DEFAULT_MAX_PIXELS,
             return exc
         return None
 
+    found: list[BadImageError] = []
+    paths = iter(paths)
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        return [error for error in pool.map(problem, paths, chunksize=64) if error is not None]
+        while chunk := list(itertools.islice(paths, 16_384)):
+            found += [e for e in pool.map(problem, chunk, chunksize=64) if e is not None]
+    return found
 
 
 def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, int]:
@@ -173,9 +184,7 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
     """Lazily open `path` and refuse, from the header, what the backends cannot share."""
     try:
         # PIL's own bomb check is lifted so that ours runs, with the size and the setting named.
-        with _pil_limit_lifted(), warnings.catch_warnings():
-            # PIL warns about some malformed files without naming them; our checks name them.
-            warnings.simplefilter("ignore")
+        with _pil_limit_lifted():
             img = Image.open(_source(path))
     except UnidentifiedImageError as exc:
         # Only on this (rare) path is the size looked at: no extra stat() for every good file.

@@ -13,9 +13,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from stallfree.data.dataset import Dataset, Listing, resolve_dataset
+from stallfree.data.dataset import Dataset, resolve_dataset
+from stallfree.data.imageio import BadImageError
+from stallfree.data.listing import Listing
 from stallfree.data.registry import BackendError, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
+from stallfree.data.startup import bad_headers_at_start
 from stallfree.parallel import DistInfo
 from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe
 
@@ -45,10 +48,18 @@ class LoaderSpec:
     max_pixels: int = DEFAULT_MAX_PIXELS
     on_error: str = "raise"  # data.on_error: "raise" or "skip"
     synthetic_samples: int = 0  # dataset size the synthetic backend pretends when there is no data
+    sources: tuple[str, ...] = ()  # folders or shards the listing came from (cache keys)
+    checked_by: tuple[str, int] | None = None  # (version, max_pixels) of a data check list
 
     @property
     def train(self) -> bool:
         return self.split == "train"
+
+    def bad_headers(self, threads: int) -> list[BadImageError]:
+        """The split's files with a bad header, checked once per dataset state (cached)."""
+        assert self.listing is not None
+        return bad_headers_at_start(self.listing, sources=self.sources, checked_by=self.checked_by,
+                                    max_pixels=self.max_pixels, threads=threads, dist=self.dist)
 
     @property
     def num_samples(self) -> int:
@@ -140,10 +151,6 @@ class ShardedLoader(Loader):
         return (state.get("batch_size"), state.get("world_size")) == \
             (self.plan.batch_size, self.plan.world_size)
 
-    def shard_of_files(self, files: list[str]) -> list[str]:
-        """This rank's share of `files` for start-up checks (every rank checks a different part)."""
-        return files[self.plan.rank::self.plan.world_size]
-
     def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
         """(order, augmentation seeds) of the current epoch."""
         return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch,
@@ -191,5 +198,6 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
         on_error=recipe.data.on_error,
         synthetic_samples=recipe.data.synthetic_samples,
+        sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
     )
     return resolve_backend(backend)(spec)

@@ -113,9 +113,10 @@ def pack_dataset(root: str | Path, out: str | Path, *, shard_bytes: int, seed: i
     out.mkdir(parents=True, exist_ok=True)
     manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes), "splits": {}}
     for split in SPLITS:
-        samples = list(dataset.splits[split].samples)
-        if split == "train":
-            samples = [samples[i] for i in np.random.default_rng(seed).permutation(len(samples))]
+        listing = dataset.splits[split]
+        order = np.random.default_rng(seed).permutation(len(listing)) if split == "train" \
+            else np.arange(len(listing))
+        samples = [(listing.path(int(i)), int(listing.labels[i])) for i in order]
         shards = pack_split(samples, out, split, shard_bytes, progress)
         # Labels by sample number (the key's digits), so a reader needs no read per sample.
         manifest["splits"][split] = {"samples": len(samples), "shards": shards,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stallfree.data.dataset import SPLITS, Dataset, DatasetError, Listing
+from stallfree.data.dataset import SPLITS, Dataset, DatasetError
 from stallfree.data.imageio import IMAGE_EXTENSIONS
+from stallfree.data.listing import Listing, ListingBuilder
 from stallfree.data.pack import FORMAT, MANIFEST
 
 
@@ -56,19 +57,24 @@ def resolve_shards(root_text: str) -> Dataset:
         raise DatasetError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT}")
     classes = tuple(manifest["classes"])
     splits: dict[str, Listing] = {}
+    sources: list[str] = []
     for split in SPLITS:
-        samples: list[tuple[str, int]] = []
+        builder = ListingBuilder(str(root) + "/", classes)
         labels = manifest["splits"][split]["labels"]
         for entry in manifest["splits"][split]["shards"]:
             shard = root / Path(entry["name"]).name  # a name, never a path out of root
+            sources.append(str(shard))
+            tails, shard_labels = [], []
             for name, offset, size in read_index(shard):
                 number = int(name.partition(".")[0].removeprefix(split))
                 label = labels[number]
                 if not 0 <= label < len(classes):
                     raise DatasetError(f"{shard}::{name}: label {label} outside the manifest's "
                                        f"{len(classes)} classes")
-                samples.append((f"{shard}::{name}:{offset}:{size}", label))
-        if not samples:
+                tails.append(f"{shard.name}::{name}:{offset}:{size}")
+                shard_labels.append(label)
+            builder.add(tails, shard_labels)
+        if not len(builder):
             raise DatasetError(f"{root}: the {split} shards hold no samples")
-        splits[split] = Listing(samples=tuple(samples), classes=classes)
-    return Dataset(root=str(root), classes=classes, splits=splits)
+        splits[split] = builder.build()
+    return Dataset(root=str(root), classes=classes, splits=splits, sources=tuple(sources))

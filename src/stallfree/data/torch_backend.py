@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import BadImageError, bad_headers
+from stallfree.data.imageio import BadImageError
+from stallfree.data.listing import Listing
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -32,16 +33,17 @@ Collate = Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
 class ImageDataset(Dataset):
     """Index by (sample id, augmentation seed) so augmentation is independent of worker layout."""
 
-    def __init__(self, samples: tuple[tuple[str, int], ...], transform: Transform,
-                 aug: AugmentConfig, max_pixels: int) -> None:
-        self.samples, self.transform, self.aug, self.max_pixels = samples, transform, aug, max_pixels
+    def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig,
+                 max_pixels: int) -> None:
+        # The listing is three objects (data/listing.py): forked workers share it, page for page.
+        self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.listing)
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[Any, int]:
         index, seed = key
-        path, label = self.samples[index]
+        path, label = self.listing.path(index), int(self.listing.labels[index])
         try:
             return self.transform(path, self.aug, seed, self.max_pixels), label
         except BadImageError as exc:
@@ -108,7 +110,7 @@ class TorchLoader(ShardedLoader):
         # Headers first, as the dali backend does: a bad file stops the run before its first step,
         # or (data.on_error = "skip") is announced now and dropped when its batch comes.
         self.skip = spec.on_error == "skip"
-        bad = bad_headers(self.shard_of_files(spec.listing.files), spec.max_pixels, max(1, workers))
+        bad = spec.bad_headers(max(1, workers))
         if bad and not self.skip:
             raise bad[0]
         if bad:
@@ -116,7 +118,7 @@ class TorchLoader(ShardedLoader):
                           f"batch comes: {some_of(list(map(str, bad)))}", stacklevel=2)
         transform = transform or (train_transform if spec.train else val_transform)
         self.dataloader = DataLoader(
-            ImageDataset(spec.listing.samples, transform, spec.augment, spec.max_pixels),
+            ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels),
             batch_sampler=_LoaderSampler(self),
             num_workers=workers,
             collate_fn=_Checked(collate, self.skip),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from stallfree.errors import DeviceError
-from stallfree.parallel import DistInfo
+from stallfree.parallel import DistInfo, slurm_rendezvous
 
 
 def local_cuda_index(info: DistInfo, visible: int) -> int:
@@ -42,16 +45,23 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
 
 
 def init_distributed(info: DistInfo, device: torch.device) -> None:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    """Join the process group when launched by torchrun or as an srun step of several tasks."""
     if info.world_size <= 1 or dist.is_initialized():
         return
+    if info.slurm_step:  # no torchrun: the rendezvous comes from Slurm's variables
+        os.environ.update(slurm_rendezvous())
+        if "OMP_NUM_THREADS" not in os.environ:
+            # As torchrun does (it sets 1): a rank's intra-op threads are its own CPUs, not
+            # every core of a node shared with the other ranks.
+            torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
+    ranks = {"rank": info.rank, "world_size": info.world_size}
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # device_id binds the group to this GPU, so NCCL connects now rather than at the first
         # collective, and a misconfigured node fails at start-up.
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **ranks)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **ranks)
 
 
 def wrap_model(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Module:
@@ -62,11 +72,20 @@ def wrap_model(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Mod
     return DistributedDataParallel(model, device_ids=ids)
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks in place (a no-op in a single process)."""
+def all_reduce_sum(tensor: torch.Tensor, async_op: bool = False) -> Any:
+    """Sum over ranks in place (a no-op in a single process); returns the tensor, or with
+    `async_op` the work handle to `wait()` on before reading it."""
+    work = None
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
+    return (work or _Done()) if async_op else tensor
+
+
+class _Done:
+    """The handle of an all-reduce that had nothing to wait for (a single process)."""
+
+    def wait(self) -> bool:
+        return True
 
 
 def broadcast_buffers(model: nn.Module) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from stallfree import __version__
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.loader import Loader, build_loader
+from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, JsonlSink, Sink, open_sinks, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml, validate
@@ -39,8 +39,8 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed)
 
 
-def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Dataset | None]:
-    """Validate the recipe, pick the device, resolve `precision = auto` and the dataset once."""
+def prepare_recipe(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device]:
+    """Validate the recipe, pick the device and resolve `precision = auto`: cheap, no data."""
     recipe = recipe.copy()
     validate(recipe)
     device = resolve_device(recipe.train.device, dist)
@@ -48,8 +48,13 @@ def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Datas
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
-    dataset = resolve_dataset(recipe.data) if recipe.data.root else None
-    return recipe, device, dataset
+    return recipe, device
+
+
+def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Dataset | None]:
+    """`prepare_recipe`, then the dataset, resolved once."""
+    recipe, device = prepare_recipe(recipe, dist)
+    return recipe, device, resolve_dataset(recipe.data) if recipe.data.root else None
 
 
 def _check_batches(loader: Loader, recipe: Recipe, dist: DistInfo, samples: int) -> None:
@@ -68,8 +73,12 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     """
     started = time.perf_counter()
     dist = DistInfo.from_env()
-    recipe, device, dataset = prepare(recipe, dist)
     run = RunDir(out_dir)
+    if dist.rank == 0:
+        # Before any check: a start that fails must not leave an old marker that tells a
+        # requeue loop to go round again.
+        run.clear_preempted()
+    recipe, device = prepare_recipe(recipe, dist)
     run.check_writable()
     checkpointer = Checkpointer(run.checkpoints, keep=recipe.train.keep_checkpoints, rank=dist.rank)
     found = find_resume(resume, checkpointer) if resume else None
@@ -77,6 +86,10 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         run.check_fresh_start(resume)
     else:
         check_compatible(found[0], recipe, dist.world_size, found[1], force)
+        finished = run.finished_summary() if found[0]["epoch"] >= recipe.train.epochs else None
+        if finished is not None:  # a requeued job that had finished: exit before any listing
+            return finished
+    dataset = resolve_dataset(recipe.data) if recipe.data.root else None
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     loaders: dict[str, Loader] = {}
@@ -94,10 +107,6 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             progress=progress)
         start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
             if found is not None else 0
-        finished = run.finished_summary() if start_epoch >= recipe.train.epochs else None
-        if finished is not None:  # a requeued job that had already finished: nothing to do
-            all_ranks_here = True
-            return finished
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()
@@ -158,7 +167,7 @@ def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -
         raise MicroBatchOOMError("train.micro_batch = auto: not even one image fits on some "
                                  "rank's device; use a smaller model or image size")
     if trainer.dist.rank == 0:
-        tqdm.write(f"stallfree: train.micro_batch = auto: chunks of {found} on every rank")
+        LOGGER.info(f"train.micro_batch = auto: chunks of {found} on every rank")
     return found
 
 
@@ -178,11 +187,11 @@ def _announce(recipe: Recipe, device: torch.device, dist: DistInfo, found: Any,
               start_epoch: int, trainer: Trainer) -> None:
     if dist.rank != 0:
         return
-    tqdm.write(f"stallfree: {recipe.loader.backend} loader, {recipe.model.name}, {device}, "
+    LOGGER.info(f"{recipe.loader.backend} loader, {recipe.model.name}, {device}, "
                f"precision {recipe.train.precision}, world size {dist.world_size}, "
                f"global batch {recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}")
     if found is not None:
-        tqdm.write(f"stallfree: resumed from {found[1]} at epoch {start_epoch}, "
+        LOGGER.info(f"resumed from {found[1]} at epoch {start_epoch}, "
                    f"step {trainer.optimizer_steps}")
 
 
@@ -203,7 +212,7 @@ class _Eta:
         self.done = True
         per_step = (time.perf_counter() - self.started) / max(1, steps)
         left = (self.total_steps - self.trainer.optimizer_steps) * per_step
-        tqdm.write(f"stallfree: about {left / 60:.1f} min to go ({self.total_steps} steps in "
+        LOGGER.info(f"about {left / 60:.1f} min to go ({self.total_steps} steps in "
                    f"all at {per_step:.2f} s each; validation not included)")
 
 

@@ -71,6 +71,13 @@ class RunDir:
         _truncate_lines(self.path / METRICS, metrics_records)
         (self.path / PREEMPTED).unlink(missing_ok=True)
 
+    def clear_preempted(self) -> None:
+        """Remove an earlier run's marker (if the directory can be written at all)."""
+        try:
+            (self.path / PREEMPTED).unlink(missing_ok=True)
+        except OSError:
+            pass  # an unwritable --out is reported by check_writable, in one line
+
     def mark_preempted(self, info: dict[str, Any]) -> None:
         """Leave the marker that a requeue loop looks for."""
         write_json_atomic(self.path / PREEMPTED, info)

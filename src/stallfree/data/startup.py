@@ -1,0 +1,136 @@
+"""Start-up checks of a split, done once per dataset state and cached.
+
+A run checks every header before its first step (a bad file must stop it then, not mid-epoch,
+under either backend). At ImageNet scale that is minutes on a few cores, and a requeued job
+would pay it at every start. So the result is cached, keyed by what would change it: the
+listing itself (names and labels), the modification times of the folders or shards it was read
+from, the pixel limit and this version's rules. A `data check` clean list of this version and
+limit needs no check at all. A file rewritten in place under the same name leaves its folder's
+time alone: `stallfree data check` is the full check for that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+from stallfree import __version__
+from stallfree.data.imageio import BadImageError, bad_headers, open_rgb
+from stallfree.data.listing import Listing
+from stallfree.parallel import DistInfo
+
+
+def cache_dir() -> Path:
+    """Where check results are kept: $STALLFREE_CACHE, else $XDG_CACHE_HOME/stallfree."""
+    base = os.environ.get("STALLFREE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stallfree")
+    return Path(base)
+
+
+def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
+    digest = hashlib.sha256(f"{kind} {__version__} {max_pixels} {listing.digest()}".encode())
+    for source in sources:
+        try:
+            st = os.stat(source)
+            digest.update(f"{source}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{source}\0-\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def _read_cache(path: Path) -> dict[str, str] | None:
+    try:
+        return dict(json.loads(path.read_text())["bad"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or half-written by a killed run: check again
+
+
+def _write_cache(path: Path, bad: dict[str, str]) -> None:
+    """Keep the result for the next start; a cache that cannot be written only costs time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": __version__, "bad": bad}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        warnings.warn(f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
+                      "start checks again; set STALLFREE_CACHE to a writable folder", stacklevel=3)
+
+
+def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str] | None:
+    """Every rank's findings merged, or None when ranks cannot talk (no process group)."""
+    if dist.world_size <= 1:
+        return bad
+    import torch.distributed as torch_dist
+
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return None
+    parts: list[dict[str, str] | None] = [None] * dist.world_size
+    torch_dist.all_gather_object(parts, bad)
+    return {path: reason for part in parts for path, reason in (part or {}).items()}
+
+
+def bad_headers_at_start(listing: Listing, *, sources: tuple[str, ...],
+                         checked_by: tuple[str, int] | None, max_pixels: int, threads: int,
+                         dist: DistInfo) -> list[BadImageError]:
+    """The split's files whose header is bad (all ranks', so every rank decides alike).
+
+    Each rank checks its share; the result is cached per dataset state, so the next start
+    (a requeue, the next run) skips the check.
+    """
+    if checked_by == (__version__, max_pixels):
+        return []  # a data check clean list: every file was fully decoded under these rules
+    cache = cache_dir() / f"headers-{_state_key('headers', listing, sources, max_pixels)}.json"
+    bad = _read_cache(cache)
+    if bad is None:
+        share = listing.iter_paths(dist.rank, dist.world_size)
+        found = {e.path: e.reason for e in bad_headers(share, max_pixels, threads)}
+        bad = _gathered(found, dist)
+        if bad is None:  # several ranks without a process group: each knows its own share
+            bad = found
+        elif dist.rank == 0:
+            _write_cache(cache, bad)
+    return [BadImageError(path, reason) for path, reason in bad.items()]
+
+
+def _decode(job: tuple[str, int]) -> str | None:
+    path, max_pixels = job
+    try:
+        open_rgb(path, max_pixels)
+    except BadImageError as exc:
+        return exc.reason
+    return None
+
+
+def decode_all(paths: list[str], max_pixels: int, workers: int, *, desc: str,
+               progress: bool) -> list[str | None]:
+    """Fully decode `paths` in `workers` processes: the reason each one fails, or None."""
+    with ProcessPoolExecutor(max(1, workers)) as pool:
+        reasons = pool.map(_decode, [(p, max_pixels) for p in paths], chunksize=16)
+        return list(tqdm(reasons, total=len(paths), unit="img", desc=desc, disable=not progress))
+
+
+def cached_bad_files(listing: Listing, *, sources: tuple[str, ...], max_pixels: int,
+                     workers: int, dist: DistInfo, progress: bool = True) -> dict[str, str]:
+    """{path: reason} for the files of the split that do not fully decode, checked once and
+    cached (data.on_error = skip under dali). Every rank gets the same answer."""
+    cache = cache_dir() / f"decode-{_state_key('decode', listing, sources, max_pixels)}.json"
+    bad = _read_cache(cache)
+    if bad is not None:
+        return bad
+    share = list(listing.iter_paths(dist.rank, dist.world_size))
+    reasons = decode_all(share, max_pixels, workers, desc="checking images (data.on_error = skip)",
+                         progress=progress and dist.rank == 0 and len(share) >= 10_000)
+    bad = _gathered({p: r for p, r in zip(share, reasons) if r}, dist)
+    if bad is None:
+        raise RuntimeError("data.on_error = skip with several ranks needs the process group")
+    if dist.rank == 0:
+        _write_cache(cache, bad)
+    return bad
+
