@@ -195,6 +195,9 @@ def _data_check(args: argparse.Namespace) -> int:
     report = check_dataset(args.root, workers=args.workers, max_pixels=args.max_pixels,
                            progress=show_progress(not args.no_progress))
     print(summary(report))
+    if args.write_list and any("::" in str(p) for p in report.good):
+        raise RecipeError("--write-list is for image folders; tar shards are packed whole "
+                          "(fix or re-pack the shards the check names)")
     if args.write_list:
         Path(args.write_list).write_text(report.clean_list())
         print(f"wrote {len(report.good)} good files to {args.write_list} (use it as data.file_list)")

@@ -20,13 +20,15 @@ from stallfree.recipe import DEFAULT_MAX_PIXELS
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
 KINDS = ("zero bytes", "not an image", "truncated", "over the pixel limit",
-         "unsupported format or mode", "decode error", "not an image file type")
+         "unsupported format or mode", "decode error", "not an image file type",
+         "missing file or dangling link", "shard mismatch")
 
 
 def kind_of(reason: str) -> str:
     """The problem kind of a BadImageError reason."""
     text = reason.lower()
-    rules = (("file type", "not an image file type"), ("empty file", "zero bytes"),
+    rules = (("shard:", "shard mismatch"), ("no such file", "missing file or dangling link"),
+             ("file type", "not an image file type"), ("empty file", "zero bytes"),
              ("cannot identify", "not an image"),
              ("not an image", "not an image"), ("truncated", "truncated"),
              ("max_pixels", "over the pixel limit"), ("not accepted", "unsupported format or mode"),
@@ -72,14 +74,23 @@ def _files(root: Path) -> list[Path]:
         if not split_dir.is_dir():
             raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
         for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
-            found += sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+            # A dangling symlink is not a file, but it must be named, not dropped.
+            found += sorted(p for p in folder.iterdir() if (p.is_file() or p.is_symlink())
+                            and not p.name.startswith("."))
     return found
 
 
 def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS,
                   progress: bool = True) -> CheckReport:
-    """Fully decode every image under ROOT/{train,val} in `workers` processes."""
+    """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
+    of tar shards, check them whole: see `check_shards`)."""
     root = Path(root)
+    if (root / "manifest.json").is_file() or not (root / "train").is_dir() or \
+            any(root.glob("train*.tar")) or any((root / "train").glob("*.tar")):
+        from stallfree.data.check_shards import check_shards
+
+        return check_shards(root, workers=cpu_cores() if workers < 1 else workers,
+                            max_pixels=max_pixels, progress=progress)
     files = _files(root)
     report = CheckReport(root=root, max_pixels=max_pixels)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]

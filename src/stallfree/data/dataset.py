@@ -129,7 +129,9 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         if not folder.is_dir():
             continue  # a training class without val images: warned about by resolve_dataset
         with os.scandir(folder) as entries:  # d_type says "file": no stat() per file
-            files = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file())
+            # A dangling symlink is listed too: the start-up check names it, never drops it.
+            files = sorted(e.name for e in entries if not e.name.startswith(".")
+                           and (e.is_file() or e.is_symlink()))
         left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
         files = [f"{name}/{f}" for f in files if _accepted(f)]
         if not files and split == "train":

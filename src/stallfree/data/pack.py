@@ -13,7 +13,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from stallfree.data.dataset import SPLITS, resolve_dataset
+from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 
 MANIFEST = "manifest.json"
@@ -45,8 +48,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_index(shard: Path) -> int:
-    """Write `shard`'s .idx next to it (wds2idx v1.2); return its sample count."""
+def index_text(shard: Path) -> str:
+    """The wds2idx v1.2 index of any tar (members grouped by the key before the first dot)."""
     samples: list[list[str]] = []
     last = None
     with tarfile.open(shard) as tar:
@@ -59,9 +62,14 @@ def write_index(shard: Path) -> int:
                 samples.append([])
                 last = key
             samples[-1].append(entry)
-    text = f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
+    return f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
+
+
+def write_index(shard: Path) -> int:
+    """Write `shard`'s .idx next to it (wds2idx v1.2); return its sample count."""
+    text = index_text(shard)
     shard.with_suffix(".idx").write_text(text)
-    return len(samples)
+    return int(text.split(None, 2)[1])
 
 
 def _sha256(path: Path) -> str:
@@ -107,21 +115,52 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
 
 def pack_dataset(root: str | Path, out: str | Path, *, shard_bytes: int, seed: int = 0,
                  file_list: str = "", progress: bool = True) -> dict[str, Any]:
-    """Pack ROOT/{train,val} into OUT. Train is shuffled (seeded) so every shard mixes classes."""
+    """Pack ROOT/{train,val} into OUT. Train is shuffled (seeded) so every shard mixes classes.
+
+    Everything is written into a temporary folder beside OUT and renamed into place at the
+    end, so an interrupted pack leaves no shards of one run under a manifest of another.
+    """
     dataset = resolve_dataset(DataConfig(root=str(root), file_list=file_list))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes), "splits": {}}
-    for split in SPLITS:
-        listing = dataset.splits[split]
-        order = np.random.default_rng(seed).permutation(len(listing)) if split == "train" \
-            else np.arange(len(listing))
-        samples = [(listing.path(int(i)), int(listing.labels[i])) for i in order]
-        shards = pack_split(samples, out, split, shard_bytes, progress)
-        # Labels by sample number (the key's digits), so a reader needs no read per sample.
-        manifest["splits"][split] = {"samples": len(samples), "shards": shards,
-                                     "labels": [label for _, label in samples]}
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / MANIFEST)
+    staging = _staging(out)
+    try:
+        manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes),
+                                    "splits": {}}
+        for split in SPLITS:
+            listing = dataset.splits[split]
+            order = np.random.default_rng(seed).permutation(len(listing)) if split == "train" \
+                else np.arange(len(listing))
+            samples = [(listing.path(int(i)), int(listing.labels[i])) for i in order]
+            shards = pack_split(samples, staging, split, shard_bytes, progress)
+            # Labels by sample number (the key's digits), so a reader needs no read per sample.
+            manifest["splits"][split] = {"samples": len(samples), "shards": shards,
+                                         "labels": [label for _, label in samples]}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if out.is_dir():
+            out.rmdir()  # empty (checked first): rename needs it gone
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return manifest
+
+
+def _staging(out: Path) -> Path:
+    """A fresh folder beside OUT, after checking that OUT can be written as a whole."""
+    if out.exists() and not out.is_dir():
+        raise PackError(f"{out} is a file; pass a folder (new, or empty) for the shards")
+    if out.is_dir() and any(out.iterdir()):
+        raise PackError(f"{out} is not empty; pack into a new folder (shards of two packs "
+                        "must never mix), or remove it first")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise PackError(f"{parent} does not exist; create it first")
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.packing-", dir=parent))
+    except OSError as exc:
+        raise PackError(f"cannot write in {parent} ({exc.strerror or exc}); "
+                        "choose another output folder") from exc
+
+
+class PackError(StallfreeError, ValueError):
+    """An output folder `data pack` cannot write into; the message names it and the fix."""

@@ -16,6 +16,7 @@ import json
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -61,6 +62,19 @@ def _write_cache(path: Path, bad: dict[str, str]) -> None:
     except OSError as exc:
         warnings.warn(f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
                       "start checks again; set STALLFREE_CACHE to a writable folder", stacklevel=3)
+
+
+def cached_check(kind: str, key: str, check: Callable[[], object]) -> None:
+    """Run `check` (which raises on a problem) once per `key`: a marker file remembers a pass."""
+    marker = cache_dir() / f"{kind}-{hashlib.sha256(f'{__version__} {key}'.encode()).hexdigest()[:32]}.ok"
+    if marker.is_file():
+        return
+    check()
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # only costs the next start the same check
 
 
 def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str] | None:

@@ -1,21 +1,44 @@
-"""Reading `stallfree data pack` shards: every sample is a reference into a tar file.
+"""Reading tar shards in place: every sample is a reference into a tar file.
 
-A sample's path is "SHARD.tar::MEMBER:OFFSET:SIZE" (offset and size from the shard's .idx),
+A sample's path is "SHARD.tar::MEMBER:OFFSET:SIZE" (offset and size from the shard's index),
 which `imageio` reads with one `pread`: members are never extracted, names are only read, and
 nothing in a shard is unpickled. Random access keeps everything the folder format has: the
-same full (seed, epoch) permutation, positions in samples, exact resume and exact validation,
-for both loaders.
+same full (seed, epoch) permutation, positions in samples, exact resume and exact validation.
+
+Two kinds of shards:
+  * ours (`stallfree data pack`: manifest.json, shards and wds2idx indexes). Every start checks
+    what is cheap (each shard's size and sample count against the manifest, each index entry
+    inside its tar, block-aligned, in order); once per dataset state (cached) every member's
+    tar header is read back and every `.cls` member compared with the manifest's label, so a
+    wrong label cannot be trained on silently. `data check` adds SHA-256 and a full decode.
+  * other people's WebDataset shards (no manifest): ROOT/train/*.tar and ROOT/val/*.tar (or
+    ROOT/train-*.tar and ROOT/val-*.tar). Each shard's index is built once (what wds2idx does)
+    and cached with its labels, which come from each sample's `.cls` member (an integer).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from stallfree.data.dataset import SPLITS, Dataset, DatasetError
 from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import Listing, ListingBuilder
-from stallfree.data.pack import FORMAT, MANIFEST
+from stallfree.data.listing import ListingBuilder
+from stallfree.data.pack import FORMAT, MANIFEST, index_text
+from stallfree.data.startup import cache_dir, cached_check
+
+BLOCK = 512  # a tar member's data starts on a block, right after its 512-byte header
+# (image member, its offset, its size, .cls member offset, .cls size) of one sample
+Entry = tuple[str, int, int, int, int]
+
+
+class ShardError(DatasetError):
+    """A shard, index or manifest that does not match; the message names the shard (and member)."""
+
+    hint = "re-pack with `stallfree data pack`, or run `stallfree data check` on the shards"
 
 
 def _safe(name: str) -> bool:
@@ -23,58 +46,180 @@ def _safe(name: str) -> bool:
     return bool(name) and not name.startswith("/") and ".." not in name and "/" not in name
 
 
-def read_index(shard: Path) -> list[tuple[str, int, int]]:
-    """(image member, offset, size) per sample of a shard's .idx; samples without exactly one
-    image member and one .cls member, or with an unsafe name, are left out."""
-    index = shard.with_suffix(".idx")
-    if not index.is_file():
-        raise DatasetError(f"{index} does not exist; shards need the index `stallfree data pack` "
-                           "writes next to them")
-    lines = index.read_text().splitlines()
-    if not lines or not lines[0].startswith("v1.2 "):
-        raise DatasetError(f"{index} is not a wds2idx v1.2 index")
-    samples = []
-    for line in lines[1:]:
+def parse_index(text: str, where: str) -> list[Entry]:
+    """The samples of a wds2idx v1.2 index: one image and one .cls member each.
+
+    Members with unsafe names (absolute, '..', a directory part) are ignored, and so is a
+    sample without an image; an image without exactly one .cls, or anything malformed, is a
+    ShardError.
+    """
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if len(head) != 2 or head[0] != "v1.2" or not head[1].isdigit():
+        raise ShardError(f"{where}: not a wds2idx v1.2 index (first line {lines[:1]})")
+    if int(head[1]) != len(lines) - 1:
+        raise ShardError(f"{where}: says {head[1]} samples but lists {len(lines) - 1}")
+    entries: list[Entry] = []
+    for number, line in enumerate(lines[1:], 2):
         fields = line.split()
-        members = [fields[i:i + 4] for i in range(0, len(fields) - 3, 4)]
-        images = [m for m in members if f".{m[0]}" in IMAGE_EXTENSIONS and _safe(m[3])]
+        if not fields or len(fields) % 4:
+            raise ShardError(f"{where}:{number}: expected 'ext offset size name' per member")
+        members = [fields[i:i + 4] for i in range(0, len(fields), 4)]
+        if not all(m[1].isdigit() and m[2].isdigit() for m in members):
+            raise ShardError(f"{where}:{number}: offsets and sizes must be integers: {line!r}")
+        images = [m for m in members if f".{m[0]}".lower() in IMAGE_EXTENSIONS and _safe(m[3])]
         labels = [m for m in members if m[0] == "cls" and _safe(m[3])]
         if len(images) == 1 and len(labels) == 1:
-            _, offset, size, name = images[0]
-            samples.append((name, int(offset), int(size)))
-    return samples
+            image, cls = images[0], labels[0]
+            entries.append((image[3], int(image[1]), int(image[2]), int(cls[1]), int(cls[2])))
+        elif images:  # an image that cannot be trained on must not vanish silently
+            raise ShardError(f"{where}:{number}: {images[0][3]} has {len(labels)} .cls members "
+                             f"and {len(images)} images; each sample needs one of each")
+    return entries
+
+
+def read_index(shard: Path) -> list[Entry]:
+    """The samples listed by the .idx next to `shard`."""
+    index = shard.with_suffix(".idx")
+    if not index.is_file():
+        raise ShardError(f"{index} does not exist; shards need the index `stallfree data pack` "
+                         "writes next to them")
+    return parse_index(index.read_text(errors="replace"), str(index))
+
+
+def _check_placement(shard: Path, entries: list[Entry], size: int) -> None:
+    """Every member inside the tar, on a block boundary, in order: cheap, at every start."""
+    end = 0
+    for name, *spans in entries:
+        for offset, length in sorted(((spans[0], spans[1]), (spans[2], spans[3]))):
+            if offset % BLOCK or offset < end + BLOCK or offset + length > size:
+                raise ShardError(f"{shard}::{name}: index entry at {offset} (+{length}) is not "
+                                 f"a member of this {size}-byte tar")
+            end = offset + length
+
+
+def _load_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ShardError(f"{path} is not valid JSON ({exc}); it is written last by "
+                         "`stallfree data pack`, so the pack did not finish") from exc
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found != FORMAT:
+        raise ShardError(f"{path}: format {found!r}, expected {FORMAT}")
+    for split in SPLITS:
+        info = manifest.get("splits", {}).get(split)
+        if not isinstance(info, dict) or not {"shards", "labels", "samples"} <= info.keys():
+            raise ShardError(f"{path} has no complete {split!r} split (shards, samples, labels)")
+        if len(info["labels"]) != info["samples"]:
+            raise ShardError(f"{path}: {split} lists {len(info['labels'])} labels for "
+                             f"{info['samples']} samples")
+    return manifest
+
+
+def _split_entries(root: Path, split: str, info: dict[str, Any],
+                   classes: int) -> list[tuple[Path, list[Entry], list[int]]]:
+    """Each shard of a split with its index entries and their manifest labels, checked cheaply."""
+    out = []
+    labels = info["labels"]
+    for shard_info in info["shards"]:
+        shard = root / Path(shard_info["name"]).name  # a name, never a path out of root
+        if not shard.is_file():
+            raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
+        size = shard.stat().st_size
+        if size != shard_info.get("bytes"):
+            raise ShardError(f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
+                             "not the shard that was packed")
+        entries = read_index(shard)
+        if len(entries) != shard_info.get("samples"):
+            raise ShardError(f"{shard.with_suffix('.idx')}: {len(entries)} samples, the manifest "
+                             f"says {shard_info.get('samples')}")
+        _check_placement(shard, entries, size)
+        shard_labels = []
+        for name, *_ in entries:
+            digits = name.partition(".")[0].removeprefix(split)
+            if not digits.isdigit() or int(digits) >= len(labels):
+                raise ShardError(f"{shard}::{name}: not a {split}NNN key of this manifest")
+            label = labels[int(digits)]
+            if not isinstance(label, int) or not 0 <= label < classes:
+                raise ShardError(f"{shard}::{name}: label {label!r} outside the manifest's "
+                                 f"{classes} classes")
+            shard_labels.append(label)
+        out.append((shard, entries, shard_labels))
+    return out
+
+
+def _member_name(header: bytes) -> str:
+    name = header[:100].split(b"\0", 1)[0].decode(errors="replace")
+    prefix = header[345:500].split(b"\0", 1)[0].decode(errors="replace")  # ustar's long names
+    return f"{prefix}/{name}" if prefix else name
+
+
+def verify_members(shard: Path, entries: list[Entry], labels: list[int]) -> None:
+    """Read each member's tar header back (name, place) and each .cls against its label."""
+    with open(shard, "rb") as f:
+        fd = f.fileno()
+        for (name, offset, _, cls_offset, cls_size), label in zip(entries, labels, strict=True):
+            for member, at in ((name, offset), (name.rpartition(".")[0] + ".cls", cls_offset)):
+                if _member_name(os.pread(fd, BLOCK, at - BLOCK)) != member:
+                    raise ShardError(f"{shard}::{member}: the index points at another member "
+                                     f"(offset {at}); the index does not belong to this tar")
+            text = os.pread(fd, cls_size, cls_offset).decode(errors="replace").strip()
+            if text != str(label):
+                raise ShardError(f"{shard}::{name}: its .cls says {text!r}, the label is {label}")
 
 
 def resolve_shards(root_text: str) -> Dataset:
-    """The packed dataset at ROOT (manifest.json, shards, indexes) as a Dataset."""
+    """The shards at ROOT as a Dataset: ours (with manifest.json) or other people's."""
     root = Path(root_text)
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file():
-        raise DatasetError(f"{manifest_path} does not exist; data.format = \"tar\" reads the output "
-                           "of `stallfree data pack ROOT OUT` (set data.root to OUT)")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise DatasetError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT}")
+    if not root.is_dir():
+        raise DatasetError(f"data.root {root} does not exist")
+    if not (root / MANIFEST).is_file():
+        from stallfree.data.foreign import resolve_foreign
+
+        return resolve_foreign(root)
+    manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
-    splits: dict[str, Listing] = {}
-    sources: list[str] = []
+    splits, sources = {}, []
+    checked: list[tuple[Path, list[Entry], list[int]]] = []
     for split in SPLITS:
         builder = ListingBuilder(str(root) + "/", classes)
-        labels = manifest["splits"][split]["labels"]
-        for entry in manifest["splits"][split]["shards"]:
-            shard = root / Path(entry["name"]).name  # a name, never a path out of root
+        for shard, entries, labels in _split_entries(root, split, manifest["splits"][split],
+                                                     len(classes)):
             sources.append(str(shard))
-            tails, shard_labels = [], []
-            for name, offset, size in read_index(shard):
-                number = int(name.partition(".")[0].removeprefix(split))
-                label = labels[number]
-                if not 0 <= label < len(classes):
-                    raise DatasetError(f"{shard}::{name}: label {label} outside the manifest's "
-                                       f"{len(classes)} classes")
-                tails.append(f"{shard.name}::{name}:{offset}:{size}")
-                shard_labels.append(label)
-            builder.add(tails, shard_labels)
+            checked.append((shard, entries, labels))
+            builder.add([f"{shard.name}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
         if not len(builder):
-            raise DatasetError(f"{root}: the {split} shards hold no samples")
+            raise ShardError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
+    # Once per dataset state: the shards' and indexes' sizes and times, and the manifest.
+    files = [root / MANIFEST, *(p for s in sources for p in (Path(s), Path(s).with_suffix(".idx")))]
+    key = _stat_key(files)
+    cached_check("shards", key, lambda: [verify_members(*item) for item in checked])
     return Dataset(root=str(root), classes=classes, splits=splits, sources=tuple(sources))
+
+
+def _stat_key(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        st = path.stat()
+        digest.update(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def build_index(shard: Path) -> str:
+    """The wds2idx v1.2 text of a shard (ours or anybody's), cached by its size and time."""
+    key = _stat_key([shard])
+    cached = cache_dir() / "wds-index" / f"{key}.idx"
+    if cached.is_file():
+        return cached.read_text()
+    text = index_text(shard)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # only costs the next start a re-read of the shard
+    return text

@@ -1,0 +1,144 @@
+"""What a batch job on a cluster meets: start-up that does not grow on every requeue, logs in a
+file, a requeue loop that cannot spin, and warnings that are not lost."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import stallfree.data.startup as startup
+from helpers import small_recipe
+from stallfree.data.imageio import BadImageError, bad_headers
+from stallfree.data.loader import build_loader
+from stallfree.recipe import dump_toml
+from stallfree.train.run import train
+
+CPU = torch.device("cpu")
+STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d stallfree: ")
+
+
+def _copy_root(src: Path, dst: Path) -> Path:
+    """A private copy (hard links) of the shared demo data, so the test may change it."""
+    for path in src.rglob("*"):
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif path.suffix == ".jpg":
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+    return dst
+
+
+def _fail(*_: object, **__: object) -> None:
+    raise AssertionError("headers were checked again")
+
+
+def test_the_header_check_runs_once_per_dataset_state(image_root: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _copy_root(image_root, tmp_path / "data")
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    recipe = small_recipe(root, train={"batch_size": 4})
+    build_loader(recipe, "train", device=CPU).close()
+    assert len(list((tmp_path / "cache").glob("headers-*.json"))) == 1
+    monkeypatch.setattr(startup, "bad_headers", _fail)
+    build_loader(recipe, "train", device=CPU).close()  # a requeue: the same data, no check
+    # A file added (its folder's time changes): checked again, and the bad one is named.
+    (root / "train" / sorted(os.listdir(root / "train"))[0] / "new.jpg").write_bytes(b"junk")
+    monkeypatch.setattr(startup, "bad_headers", bad_headers)
+    with pytest.raises(BadImageError, match=r"new\.jpg"):
+        build_loader(recipe, "train", device=CPU)
+    monkeypatch.setattr(startup, "bad_headers", _fail)
+    with pytest.raises(BadImageError, match=r"new\.jpg"):  # cached bad files still stop a run
+        build_loader(recipe, "train", device=CPU)
+
+
+def test_a_data_check_list_needs_no_header_check(image_root: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from stallfree.cli import main
+
+    clean = tmp_path / "clean.txt"
+    assert main(["data", "check", str(image_root), "--workers", "1", "--no-progress",
+                 "--write-list", str(clean)]) == 0
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(startup, "bad_headers", _fail)
+    recipe = small_recipe(image_root, data={"file_list": str(clean)}, train={"batch_size": 4})
+    loader = build_loader(recipe, "train", device=CPU)
+    assert sum(b.labels.numel() for b in loader) == 60  # every listed image, unchecked
+    loader.close()
+    # Another pixel limit than the list was checked under: checked at start after all.
+    other = small_recipe(image_root, data={"file_list": str(clean), "max_pixels": 10**7},
+                         train={"batch_size": 4})
+    with pytest.raises(AssertionError, match="checked again"):
+        build_loader(other, "train", device=CPU)
+
+
+def test_a_finished_run_exits_before_listing_anything(image_root: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import stallfree.train.run as run_module
+
+    recipe = small_recipe(image_root, train={"batch_size": 8})
+    first = train(recipe, tmp_path / "run", progress=False)
+
+    def no_listing(*_: object) -> None:
+        raise AssertionError("listed the data of a finished run")
+
+    monkeypatch.setattr(run_module, "resolve_dataset", no_listing)
+    again = train(recipe, tmp_path / "run", progress=False, resume="auto")
+    assert again == first
+
+
+def test_the_requeue_loop_stops_on_a_failing_start(image_root: Path, tmp_path: Path) -> None:
+    """The README's loop around a run whose directory holds a stale marker from an earlier
+    preemption: the start fails its checks (exit 2), and the loop must not go round again."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dump_toml(small_recipe(image_root, train={"batch_size": 1000})))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "preempted.json").write_text('{"signal": "SIGTERM"}')
+    loop = (f'n=0; until n=$((n+1)); [ $n -le 3 ] || exit 99; {sys.executable} -m stallfree '
+            f'train {recipe} --out {run} --resume auto --no-progress; do code=$?; '
+            f'[ "$code" -eq 75 ] || [ -f {run}/preempted.json ] || exit "$code"; done')
+    done = subprocess.run(["bash", "-c", loop], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]  # once, with the start's own error
+    assert done.stderr.count("stallfree: error:") == 1
+    assert not (run / "preempted.json").exists()
+
+
+def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Path,
+                                                                  tmp_path: Path) -> None:
+    recipe = small_recipe(image_root, optim={"warmup_steps": 1000},  # warns: past the run
+                          train={"epochs": 2, "batch_size": 4, "log_every": 2})
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(recipe))
+    log = tmp_path / "log"
+    command = (f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --standalone "
+               f"-m stallfree train {path} --out {tmp_path / 'run'} > {log} 2>&1")
+    done = subprocess.run(["bash", "-c", command], timeout=300, check=False)
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert "\r" not in text  # no progress-bar frames off a terminal
+    ours = [line for line in text.splitlines() if "stallfree: " in line]
+    assert ours and all(STAMP.match(line) for line in ours), ours
+    bodies = collections.Counter(STAMP.sub("", line) for line in ours)
+    assert max(bodies.values()) == 1, bodies.most_common(3)  # each line once, not once a rank
+    assert sum("warmup_steps" in body for body in bodies) == 1
+    assert sum(body.startswith("epoch ") and "val top-1" in body for body in bodies) == 2
+    assert sum(body.startswith("step ") and "img/s" in body for body in bodies) >= 2
+    assert text.count("images_per_s=") == 1  # the summary on stdout, from rank 0 only
+    assert "[rank 1]" not in text
+
+
+def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Path) -> None:
+    paths = [str(p) for p in sorted(image_root.rglob("*.jpg"))] * 4
+    for _ in range(20):
+        before = list(warnings.filters)
+        assert bad_headers(paths, threads=2) == []
+        assert warnings.filters == before
