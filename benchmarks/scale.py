@@ -109,7 +109,8 @@ def _child(args: argparse.Namespace) -> None:
     if not args.list_only:
         loader = build_loader(recipe, "train", device=torch.device("cpu"), dataset=dataset)
         checked = time.perf_counter()
-        next(iter(loader))
+        batches = iter(loader)
+        next(batches)
         result |= {"check_s": checked - listed, "first_batch_s": time.perf_counter() - started,
                    "rss_main_mb": _rss_mb() - base}
         workers = getattr(loader.dataloader._iterator, "_workers", [])  # noqa: SLF001

@@ -21,10 +21,13 @@ def parity(root: str, size: int, resize: int) -> tuple[float, float]:
     for backend in ("torch", "dali"):
         recipe = recipe_from_dict({
             "data": {"root": root}, "augment": {"image_size": size, "resize_size": resize, **RAW},
-            "train": {"batch_size": 32, "precision": "fp32"}, "loader": {"backend": backend, "torch": {"workers": 2}, "dali": {"threads": 2}}})
+            "train": {"batch_size": 32, "precision": "fp32"},
+            "loader": {"backend": backend, "torch": {"workers": 2}, "dali": {"threads": 2}}})
         loader = build_loader(recipe, "val", device=torch.device("cpu"))
-        outputs[backend] = torch.cat([b.images for b in loader])
-        loader.close()
+        try:
+            outputs[backend] = torch.cat([b.images for b in loader])
+        finally:
+            loader.close()
     diff = (outputs["torch"] - outputs["dali"]).abs()
     return diff.mean().item(), diff.flatten(1).mean(1).max().item()
 

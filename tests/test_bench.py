@@ -28,7 +28,7 @@ def _fake_result() -> dict:
     for repeat, scale in enumerate((1.0, 1.2, 0.9)):
         for backend, ips in (("torch", 300), ("torch-naive", 200), ("dali", 400)):
             records.append({"backend": backend, "mode": "loader", "knob": None, "repeat": repeat,
-                            "images_per_s": ips * scale, "cpu_cores": 1.9, "peak_rss_mb": 500})
+                            "images_per_s": ips * scale, "cpu_cores": 1.9, "peak_pss_mb": 500})
         for backend, ips in (("synthetic", 98), ("bare-loop", 100)):
             records.append({"backend": backend, "mode": "train", "knob": None, "repeat": repeat,
                             "images_per_s": ips * scale, "data_wait_frac": 0.0, "step_ms": 10.0})
@@ -96,7 +96,7 @@ def test_warmup_and_window_share_one_iterator(image_root: Path,
 def test_measurements_on_tiny_data(image_root: Path) -> None:
     recipe = small_recipe(image_root)
     loader = measure_loader(recipe, "stallfree.data.naive:build", warmup=1, batches=3)
-    assert loader["images_per_s"] > 0 and loader["peak_rss_mb"] > 10
+    assert loader["images_per_s"] > 0 and loader["peak_pss_mb"] > 10
     trained = measure_train(small_recipe(image_root), "synthetic", warmup=1, steps=3)
     assert trained["images_per_s"] > 0 and 0 <= trained["data_wait_frac"] < 1
     bare = measure_bare_loop(small_recipe(image_root), warmup=1, steps=3)

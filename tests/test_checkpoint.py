@@ -107,6 +107,25 @@ def test_resume_mid_epoch_is_bitwise_equal(image_root: Path, tmp_path: Path, bac
         assert _losses(run) == expected
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resume_is_bitwise_with_dropout_and_torch_workers(image_root: Path, tmp_path: Path,
+                                                          workers: int) -> None:
+    """Dropout draws from torch's generator in forward: nothing may draw from it between the
+    restore and the first step (a DataLoader's iterator once did, for its workers' seed)."""
+    recipe = _resume_recipe(image_root, "torch")
+    recipe.model.drop_rate, recipe.loader.torch.workers = 0.5, workers
+    full = tmp_path / "full"
+    train(recipe, full, progress=False)
+    final = load_checkpoint(full / "checkpoints" / "ckpt-000000008.pt")
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(full / "checkpoints" / "ckpt-000000002.pt", run / "checkpoints")
+    train(recipe, run, progress=False, resume="auto")
+    resumed = load_checkpoint(run / "checkpoints" / "ckpt-000000008.pt")
+    for name, tensor in final["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+
+
 def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Path) -> None:
     recipe = _resume_recipe(image_root, "torch")
     recipe.train.epochs = 1

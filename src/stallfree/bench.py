@@ -89,7 +89,7 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> dict[str, Any]:
-    """Iterate the train loader alone: images/s, CPU cores busy, peak RSS of the process tree."""
+    """Iterate the train loader alone: images/s, CPU cores busy, peak PSS of the process tree."""
     recipe, device, dataset = resolved(recipe)
     loader = build_loader(recipe, "train", backend=backend, device=device, dataset=dataset)
     batches_in = stream(loader)
@@ -106,7 +106,7 @@ def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> d
     finally:
         loader.close()
     return {"images_per_s": batches * recipe.train.batch_size / elapsed, "wall_s": elapsed,
-            "cpu_cores": usage.cpu_cores, "peak_rss_mb": usage.peak_rss_mb}
+            "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
 
 
 def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict
     t = trainer.totals
     return {"images_per_s": t["images"] / t["wall_s"], "data_wait_frac": t["wait_s"] / t["wall_s"],
             "step_ms": 1000 * t["wall_s"] / steps, "wall_s": t["wall_s"],
-            "cpu_cores": usage.cpu_cores, "peak_rss_mb": usage.peak_rss_mb}
+            "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
 
 
 def _classes(recipe: Recipe, dataset: Dataset | None) -> int:

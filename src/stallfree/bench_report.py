@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-_FIELDS = ("images_per_s", "data_wait_frac", "step_ms", "cpu_cores", "peak_rss_mb")
+_FIELDS = ("images_per_s", "data_wait_frac", "step_ms", "cpu_cores", "peak_pss_mb")
 
 
 def summarise(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     if command:
         lines += ["", f"Command: `{command}`"]
     lines += ["", "| mode | backend | workers/threads | img/s | x limit | data-wait | step ms "
-              "| CPU cores | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+              "| CPU cores | peak PSS MB |", "|---|---|---|---|---|---|---|---|---|"]
     if limit:
         single = ", ".join(f"{k} {v:.0f}/s" for k, v in limit["single_thread"].items())
         lines.append(f"| loader | **limit** | {limit['cores']} cores | {limit['images_per_s']:.0f} "
@@ -77,7 +77,7 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
             f"| {row['mode']} | {row['backend']} | {row['knob'] if row['knob'] is not None else 'auto'} "
             f"| {_num(row['images_per_s'], '.0f')} | {_num(row['of_limit'], '.2f')} "
             f"| {_pct(row['data_wait_frac'])} | {_num(row['step_ms'], '.1f')} "
-            f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_rss_mb'], '.0f')} |")
+            f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_pss_mb'], '.0f')} |")
     measured = ratios(rows, limit["images_per_s"] if limit else None)
     if measured:
         lines += ["", "Ratios (best setting of each):", ""]

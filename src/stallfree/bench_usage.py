@@ -1,4 +1,4 @@
-"""CPU cores busy and peak RSS of a process tree (the bench's loader workers), from /proc."""
+"""CPU cores busy and peak PSS of a process tree (the bench's loader workers), from /proc."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 class ResourceSampler:
-    """CPU cores busy and peak RSS of this process and its children (loader workers), from /proc.
+    """CPU cores busy and peak PSS of this process and its children (loader workers), from /proc.
 
     A background thread samples every `interval` s; CPU time is read at enter and exit.
     """
@@ -17,13 +17,13 @@ class ResourceSampler:
     def __init__(self, interval: float = 0.1) -> None:
         self.interval = interval
         self.cpu_cores = float("nan")
-        self.peak_rss_mb = float("nan")
+        self.peak_pss_mb = float("nan")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ResourceSampler:
         self._cpu0, self._t0 = _tree_cpu_seconds(), time.perf_counter()
-        self.peak_rss_mb = _tree_rss_mb()
+        self.peak_pss_mb = _tree_pss_mb()
         self._thread.start()
         return self
 
@@ -35,7 +35,7 @@ class ResourceSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak_rss_mb = max(self.peak_rss_mb, _tree_rss_mb())
+            self.peak_pss_mb = max(self.peak_pss_mb, _tree_pss_mb())
 
 
 def _tree_pids(root: int | None = None) -> list[int]:
@@ -64,12 +64,14 @@ def _tree_cpu_seconds() -> float:
     return total
 
 
-def _tree_rss_mb() -> float:
+def _tree_pss_mb() -> float:
+    """PSS of the tree, in MiB: shared pages split among the processes that map them, so
+    forked workers' copy-on-write pages are not counted once per worker as RSS would."""
     total = 0
     for pid in _tree_pids():
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
                     total += int(line.split()[1])
                     break
         except OSError:

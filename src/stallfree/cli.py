@@ -96,7 +96,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 of a checkpoint on the val split (torchrun too)")
     p.add_argument("recipe", help="the recipe the checkpoint was trained with")
-    p.add_argument("--checkpoint", required=True, help="a ckpt-<step>.pt file")
+    p.add_argument("--checkpoint", required=True, help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)")
     p.add_argument("--loader", help=f"loader backend: {' | '.join(BACKENDS)} | module:function")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -207,6 +207,7 @@ def _data_check(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from stallfree.bench import BenchConfig, run_bench
     from stallfree.bench_report import write_report
+    from stallfree.train.rundir import RunDir
 
     recipe = load_recipe(args.recipe)
     apply_overrides(recipe, ([f"train.device={args.device}"] if args.device else []) + args.overrides)
@@ -218,6 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as exc:
         raise RecipeError(str(exc)) from exc
+    RunDir(args.out).check_writable()  # now, not after the whole benchmark
     result = run_bench(recipe, config, progress=not args.no_progress)
     written = write_report(result, args.out, command="stallfree " + " ".join(sys.argv[1:]))
     print((Path(args.out) / "bench.md").read_text())

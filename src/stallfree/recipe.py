@@ -75,6 +75,7 @@ class ModelConfig:
     name: str = "resnet50"
     num_classes: int = field(default=0, metadata=_at_least(0))  # 0: inferred from the data
     zero_init_residual: bool = True
+    drop_rate: float = field(default=0.0, metadata=_at_least(0))  # dropout before the classifier
 
 
 @dataclass(kw_only=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -55,7 +56,9 @@ class _LoaderSampler(Sampler[list[tuple[int, int]]]):
     """The loader's remaining batches as lists of (sample id, augmentation seed)."""
 
     def __init__(self, loader: ShardedLoader) -> None:
-        self.loader = loader
+        # A proxy: the DataLoader must not keep its TorchLoader alive, or the loader's
+        # finaliser (which shuts the workers down) could only run at exit.
+        self.loader = weakref.proxy(loader)
 
     def __len__(self) -> int:
         return self.loader.batches_left()
@@ -85,10 +88,20 @@ def _worker_init(_: int) -> None:
 
 def shutdown_workers(dataloader: DataLoader) -> None:
     """Stop persistent workers now. Dropping the iterator is not enough when a generator that
-    was left mid-epoch still holds it: its workers would die only at interpreter exit."""
+    was left mid-epoch still holds it: its workers would die only at interpreter exit.
+
+    Workers ignore SIGTERM (see `_worker_init`), so the DataLoader's own last resort,
+    `terminate()`, would not end one that did not stop when asked, and multiprocessing's exit
+    handler would then wait for it forever: such a worker is killed.
+    """
     iterator = dataloader._iterator  # noqa: SLF001 - DataLoader has no public shutdown
+    workers = list(getattr(iterator, "_workers", []))
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()  # noqa: SLF001
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5)
     dataloader._iterator = None  # noqa: SLF001
 
 
@@ -101,7 +114,8 @@ class TorchLoader(ShardedLoader):
 
     def __init__(self, spec: LoaderSpec, transform: Transform | None = None,
                  collate: Collate = collate_uint8,
-                 to_device: Callable[[Any], Iterator[Batch]] | None = None) -> None:
+                 to_device: Callable[[Any], Iterator[Batch]] | None = None,
+                 empty: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if spec.listing is None:
             raise BackendError("the torch backend needs a dataset listing (data.root)")
         super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
@@ -117,6 +131,9 @@ class TorchLoader(ShardedLoader):
             warnings.warn(f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
                           f"batch comes: {some_of(list(map(str, bad)))}", stacklevel=2)
         transform = transform or (train_transform if spec.train else val_transform)
+        size = spec.augment.image_size  # what a micro-batch of only bad files becomes (skip)
+        self.empty = empty or (torch.zeros((0, size, size, 3), dtype=torch.uint8),
+                               torch.zeros(0, dtype=torch.int64))
         self.dataloader = DataLoader(
             ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels),
             batch_sampler=_LoaderSampler(self),
@@ -126,7 +143,13 @@ class TorchLoader(ShardedLoader):
             worker_init_fn=_worker_init if workers > 0 else None,
             persistent_workers=workers > 0,
             prefetch_factor=spec.loader.prefetch if workers > 0 else None,
+            # Its own generator: starting an iterator draws the workers' base seed, which from
+            # torch's global generator would shift every later draw (Dropout) after a resume.
+            generator=torch.Generator().manual_seed(spec.seed * 1009 + spec.dist.rank),
         )
+        # Safe to drop without close(): collected, or at interpreter exit, the workers are
+        # shut down (before multiprocessing's own exit handler would wait on them).
+        self._finalizer = weakref.finalize(self, shutdown_workers, self.dataloader)
         self.to_device = to_device or DevicePrefetcher(
             spec.device, spec.augment.mean, spec.augment.std, spec.dtype, spec.channels_last)
 
@@ -143,14 +166,13 @@ class TorchLoader(ShardedLoader):
                 for bad in batch.bad:
                     self.skipped_samples += 1
                     warnings.warn(f"skipped {bad.path}: {bad.reason}", stacklevel=2)
-                if batch.batch is None:
-                    raise BadImageError(batch.bad[0].path, "every image of its micro-batch is bad; "
-                                        "clean the data with `stallfree data check`")
-                batch = batch.batch
+                # Every image bad: an empty batch keeps the step counting and the accumulation
+                # window (and, under DDP, every rank's collectives) in step; nothing trains.
+                batch = batch.batch if batch.batch is not None else self.empty
             yield batch
 
     def close(self) -> None:
-        shutdown_workers(self.dataloader)
+        self._finalizer()
 
 
 class BadSample(NamedTuple):

@@ -26,8 +26,10 @@ class ModelError(StallfreeError, ValueError):
 def build_model(config: ModelConfig, num_classes: int) -> nn.Module:
     """Instantiate `config.name` with `num_classes` outputs."""
     prefix, sep, name = config.name.partition(":")
+    if not 0 <= config.drop_rate < 1:
+        raise ModelError(f"model.drop_rate {config.drop_rate} must be in [0, 1)")
     if sep:
-        return _external(prefix, name, num_classes)
+        return _external(prefix, name, num_classes, config.drop_rate)
     if config.name not in MODELS:
         raise ModelError(
             f"unknown model.name {config.name!r}; available: {', '.join(MODELS)}, "
@@ -35,10 +37,11 @@ def build_model(config: ModelConfig, num_classes: int) -> nn.Module:
         )
     module_name, _, attr = MODELS[config.name].partition(":")
     factory: Callable[..., nn.Module] = getattr(importlib.import_module(module_name), attr)
-    return factory(num_classes=num_classes, zero_init_residual=config.zero_init_residual)
+    return factory(num_classes=num_classes, zero_init_residual=config.zero_init_residual,
+                   drop_rate=config.drop_rate)
 
 
-def _external(prefix: str, name: str, num_classes: int) -> nn.Module:
+def _external(prefix: str, name: str, num_classes: int, drop_rate: float) -> nn.Module:
     if prefix not in _EXTERNAL:
         raise ModelError(f"unknown model source {prefix!r}; use timm:NAME or torchvision:NAME")
     try:
@@ -46,5 +49,8 @@ def _external(prefix: str, name: str, num_classes: int) -> nn.Module:
     except ImportError as exc:
         raise ModelError(f"model {prefix}:{name} needs {prefix}; install it with `{_EXTERNAL[prefix]}`") from exc
     if prefix == "timm":
-        return module.create_model(name, pretrained=False, num_classes=num_classes)
+        return module.create_model(name, pretrained=False, num_classes=num_classes,
+                                   drop_rate=drop_rate)
+    if drop_rate:
+        raise ModelError(f"model.drop_rate is not passed to torchvision:{name}; set it to 0")
     return module.models.get_model(name, weights=None, num_classes=num_classes)

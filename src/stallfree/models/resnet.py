@@ -61,7 +61,8 @@ class ResNet(nn.Module):
     """Stem, four stages, global pool, linear head."""
 
     def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int],
-                 num_classes: int = 1000, zero_init_residual: bool = True) -> None:
+                 num_classes: int = 1000, zero_init_residual: bool = True,
+                 drop_rate: float = 0.0) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
@@ -77,6 +78,7 @@ class ResNet(nn.Module):
             stages.append(nn.Sequential(*stage))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.drop = nn.Dropout(drop_rate)  # timm's drop_rate: before the classifier
         self.fc = nn.Linear(in_ch, num_classes)
         self._init(zero_init_residual)
 
@@ -96,14 +98,16 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return self.fc(self.drop(torch.flatten(self.avgpool(x), 1)))
 
 
-def resnet18(num_classes: int = 1000, zero_init_residual: bool = True) -> ResNet:
+def resnet18(num_classes: int = 1000, zero_init_residual: bool = True,
+             drop_rate: float = 0.0) -> ResNet:
     """ResNet-18: 11,689,512 parameters with 1000 classes."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual)
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual, drop_rate)
 
 
-def resnet50(num_classes: int = 1000, zero_init_residual: bool = True) -> ResNet:
+def resnet50(num_classes: int = 1000, zero_init_residual: bool = True,
+             drop_rate: float = 0.0) -> ResNet:
     """ResNet-50: 25,557,032 parameters with 1000 classes."""
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, zero_init_residual)
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, zero_init_residual, drop_rate)

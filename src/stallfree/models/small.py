@@ -14,11 +14,13 @@ def _block(in_ch: int, out_ch: int) -> nn.Sequential:
 class SmallCNN(nn.Module):
     """Four conv-BN-ReLU-pool blocks and a linear head; any input size >= 16 px."""
 
-    def __init__(self, num_classes: int = 10, width: int = 32, zero_init_residual: bool = False) -> None:
+    def __init__(self, num_classes: int = 10, width: int = 32, zero_init_residual: bool = False,
+                 drop_rate: float = 0.0) -> None:
         super().__init__()
         self.features = nn.Sequential(_block(3, width), _block(width, width * 2),
                                       _block(width * 2, width * 4), _block(width * 4, width * 4))
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width * 4, num_classes))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(drop_rate),
+                                  nn.Linear(width * 4, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

@@ -18,6 +18,7 @@ from stallfree.errors import StallfreeError
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
+CHECKPOINTS_DIR = "checkpoints"
 
 
 class CheckpointError(StallfreeError, RuntimeError):
@@ -71,6 +72,21 @@ class Checkpointer:
             except CheckpointError as exc:
                 warnings.warn(f"{exc}; trying the next older checkpoint", stacklevel=2)
         return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file from what a user would pass: the file, a run directory, its
+    checkpoints/ folder, or the `latest` pointer inside it (the newest checkpoint)."""
+    path = Path(path)
+    if path.is_dir():
+        folder = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+        newest = Checkpointer(folder).paths()
+        if not newest:
+            raise CheckpointError(f"{path} holds no checkpoint (expected {folder}/ckpt-<step>.pt)")
+        return newest[0]
+    if path.name == LATEST and path.is_file():
+        return path.parent / path.read_text().strip()
+    return path
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from stallfree.data.loader import build_loader
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe
-from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
 from stallfree.train.run import prepare
@@ -26,6 +26,7 @@ def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any
     """Load the checkpoint's weights into the recipe's model and evaluate the val split."""
     dist = DistInfo.from_env()
     recipe, device, dataset = prepare(recipe, dist)
+    checkpoint = resolve_checkpoint(checkpoint)
     state = load_checkpoint(checkpoint)
     init_distributed(dist, device)
     loader = build_loader(recipe, "val", device=device, dist=dist, dataset=dataset)

@@ -92,8 +92,12 @@ def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, pat
     diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}"
              for key in saved if saved[key] != now[key]]
     if diffs and not force:
+        saved_epochs = state["recipe"]["train"]["epochs"]
+        done = f" That run had already finished ({saved_epochs} epochs)." \
+            if int(state["epoch"]) >= saved_epochs else ""
         raise ResumeError(f"cannot resume from {path}: the run differs in " + "; ".join(diffs)
-                          + ". Restore those settings, or pass --force to resume anyway.")
+                          + f".{done} Restore those settings, pass --force to resume anyway, "
+                          "or use another --out.")
 
 
 def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any], Path] | None:

@@ -86,9 +86,11 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         run.check_fresh_start(resume)
     else:
         check_compatible(found[0], recipe, dist.world_size, found[1], force)
-        finished = run.finished_summary() if found[0]["epoch"] >= recipe.train.epochs else None
-        if finished is not None:  # a requeued job that had finished: exit before any listing
-            return finished
+        if found[0]["epoch"] >= recipe.train.epochs:
+            # A requeued job that had finished: exit before any listing, with its summary.
+            LOGGER.info(f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
+                        f"{recipe.train.epochs}); nothing to do")
+            return run.finished_summary()
     dataset = resolve_dataset(recipe.data) if recipe.data.root else None
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)

@@ -82,10 +82,39 @@ class RunDir:
         """Leave the marker that a requeue loop looks for."""
         write_json_atomic(self.path / PREEMPTED, info)
 
-    def finished_summary(self) -> dict[str, Any] | None:
-        """summary.json of a finished run, if there is one."""
+    def finished_summary(self) -> dict[str, Any]:
+        """summary.json of a finished run; rebuilt from metrics.jsonl when it was lost (a run
+        killed between its last checkpoint and the summary), and written back."""
         path = self.path / SUMMARY
-        return json.loads(path.read_text()) if path.is_file() else None
+        if path.is_file():
+            return json.loads(path.read_text())
+        summary = summary_from_metrics(self.path / METRICS)
+        write_json_atomic(path, summary)
+        return summary
+
+
+def summary_from_metrics(path: Path) -> dict[str, Any]:
+    """The figures of summary.json from a run's metrics.jsonl: throughput and data-wait over all
+    its intervals, the last validation, the step counts."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+        if path.is_file() else []
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_top1" in r]
+    summary: dict[str, Any] = {"images_per_s": None, "data_wait_frac": None,
+                               "rebuilt_from": METRICS}
+    timed = [r for r in train if "interval_s" in r and r["interval_s"]]
+    if timed:
+        wall = sum(r["interval_s"] for r in timed)
+        summary["images_per_s"] = sum(r["images"] for r in timed) / wall
+        summary["data_wait_frac"] = sum(r["data_wait_frac"] * r["interval_s"] for r in timed) / wall
+    elif train:  # written before intervals carried their length: an unweighted mean
+        summary["images_per_s"] = sum(r["images_per_s"] for r in train) / len(train)
+        summary["data_wait_frac"] = sum(r["data_wait_frac"] for r in train) / len(train)
+    if train:
+        summary.update(optimizer_steps=train[-1]["step"], skipped_steps=train[-1]["skipped_steps"])
+    if val:
+        summary.update({k: v for k, v in val[-1].items() if k.startswith("val_")})
+    return summary
 
 
 def _truncate_lines(path: Path, keep: int) -> None:

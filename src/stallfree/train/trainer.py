@@ -120,6 +120,9 @@ class Trainer:
         `index` is the micro-batch's place in the epoch, which seeds its mixing. With
         train.micro_batch the batch runs in chunks, each weighted by its share of the batch.
         """
+        if batch.labels.numel() == 0:  # every image bad and skipped (data.on_error = skip)
+            self._empty_step(batch, boundary)
+            return
         mixed = self.mixer(batch.images, batch.labels, epoch=self.epoch, index=index) \
             if self.mixer is not None else None
         images = batch.images if mixed is None else mixed.images
@@ -143,6 +146,15 @@ class Trainer:
                 self.scaler.scale(loss * ((b - a) / n / window_len)).backward()
             self._window.loss_sum += loss.detach() * (b - a)
         self._window.samples += n
+
+    def _empty_step(self, batch: Batch, boundary: bool) -> None:
+        """A micro-batch with no sample: nothing to learn, but under DDP the boundary backward
+        is a collective every rank must join, so an empty forward and a zero loss run it."""
+        sync = contextlib.nullcontext() if boundary or not hasattr(self.model, "no_sync") \
+            else self.model.no_sync()
+        with sync, self.policy.autocast():
+            loss = self.model(batch.images).float().sum() * 0.0
+        self.scaler.scale(loss).backward()
 
     def _step_with_backoff(self, batch: Batch, window_len: int, boundary: bool, index: int,
                            done: list[tuple[Batch, int]]) -> None:
@@ -299,6 +311,8 @@ class Trainer:
             "lr": self._step_lr, "images_per_s": images / max(wall, 1e-9),
             "data_wait_frac": wait / max(wall, 1e-9), "grad_norm": grad_norm,
             "skipped_steps": self.skipped_steps,
+            # The interval's own totals, so a lost summary.json can be rebuilt exactly.
+            "interval_s": wall, "images": images,
         }
         for extra in self.record_extras:
             record.update(extra())

@@ -1,0 +1,160 @@
+"""Defects a new-user audit found (issue: integrity, round 2), each with the behaviour it checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from helpers import small_recipe
+from stallfree.cli import main
+from stallfree.data.dataset import resolve_dataset
+from stallfree.data.imageio import BadImageError
+from stallfree.data.loader import build_loader
+from stallfree.recipe import DataConfig, dump_toml
+from stallfree.train.run import train
+
+CPU = torch.device("cpu")
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
+
+
+def _img(path: Path, value: int = 90, size: tuple[int, int] = (40, 30)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (value, 255 - value, value // 2)).save(path, quality=90)
+
+
+def _root(root: Path, per_class: int = 4) -> Path:
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for i in range(per_class):
+                _img(root / split / c / f"{i}.jpg", 40 * i + (100 if c == "b" else 0))
+    return root
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:300])
+
+
+def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
+    root = _root(tmp_path / "data")
+    _truncate(root / "val" / "a" / "1.jpg")  # the header is fine: it fails when decoded
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dump_toml(small_recipe(root, loader={"torch": {"workers": 2}},
+                                             train={"batch_size": 2})))
+    script = ("import torch, sys\n"
+              "from stallfree.recipe import load_recipe\n"
+              "from stallfree.data.loader import build_loader\n"
+              f"loader = build_loader(load_recipe({str(recipe)!r}), 'val', "
+              "device=torch.device('cpu'))\n"
+              "list(loader)  # raises BadImageError, and the loader is never closed\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # hung for ever before
+    assert done.returncode == 1 and "BadImageError" in done.stderr and "1.jpg" in done.stderr
+
+
+def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
+    root = _root(tmp_path / "data")
+    for name in ("0.jpg", "1.jpg"):
+        _truncate(root / "train" / "a" / name)
+    recipe = small_recipe(root, data={"on_error": "skip"}, loader={"torch": {"workers": 1}},
+                          train={"batch_size": 1, "accum_steps": 2, "epochs": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = train(recipe, tmp_path / "run", progress=False)
+    # 8 train images, batch 1, windows of 2: 4 optimizer steps an epoch, bad batches or not.
+    assert summary["optimizer_steps"] == 8
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4  # 2 a pass, 2 passes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dangling_symlink_is_named_not_dropped(tmp_path: Path, backend: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    root = _root(tmp_path / "data")
+    os.symlink(tmp_path / "gone.jpg", root / "train" / "b" / "link.jpg")
+    assert main(["data", "check", str(root), "--workers", "1", "--no-progress"]) == 1
+    assert "link.jpg" in capsys.readouterr().out
+    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 2})
+    with pytest.raises(BadImageError, match=r"link\.jpg"):
+        build_loader(recipe, "train", device=CPU)
+
+
+def test_an_empty_val_class_folder_is_warned_about(tmp_path: Path) -> None:
+    root = _root(tmp_path / "data")
+    for path in (root / "val" / "b").iterdir():
+        path.unlink()
+    with pytest.warns(UserWarning, match=r"no folder or no images for 1 training class.*b"):
+        resolve_dataset(DataConfig(root=str(root)))
+
+
+def test_a_lost_summary_is_rebuilt_from_the_metrics(tmp_path: Path) -> None:
+    root = _root(tmp_path / "data")
+    recipe = small_recipe(root, train={"batch_size": 2, "epochs": 2, "log_every": 1})
+    first = train(recipe, tmp_path / "run", progress=False)
+    (tmp_path / "run" / "summary.json").unlink()  # killed after its last checkpoint
+    again = train(recipe, tmp_path / "run", progress=False, resume="auto")
+    for key in ("val_top1", "val_top5", "optimizer_steps"):
+        assert again[key] == first[key], key
+    # The same intervals, re-added: throughput and data-wait as the run measured them.
+    assert again["images_per_s"] == pytest.approx(first["images_per_s"], rel=0.02)
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_resuming_a_finished_run_with_another_recipe_says_it_had_finished(tmp_path: Path) -> None:
+    from stallfree.train.resume import ResumeError
+
+    root = _root(tmp_path / "data")
+    train(small_recipe(root, train={"batch_size": 2}), tmp_path / "run", progress=False)
+    other = small_recipe(root, train={"batch_size": 4, "epochs": 3})
+    with pytest.raises(ResumeError, match="had already finished"):
+        train(other, tmp_path / "run", progress=False, resume="auto")
+
+
+def test_eval_takes_a_run_directory_or_latest(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    root = _root(tmp_path / "data")
+    recipe = small_recipe(root, train={"batch_size": 2})
+    train(recipe, tmp_path / "run", progress=False)
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(recipe))
+    results = []
+    for given in (tmp_path / "run", tmp_path / "run" / "checkpoints" / "latest"):
+        assert main(["eval", str(path), "--checkpoint", str(given), "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert results[0] == results[1] and results[0]["samples"] == 8
+
+
+def test_an_unwritable_cache_costs_a_warning_not_the_run(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _root(tmp_path / "data")
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    recipe = small_recipe(root, data={"on_error": "skip"}, train={"batch_size": 2})
+    with pytest.warns(UserWarning, match="cannot write the check cache"):
+        build_loader(recipe, "train", device=CPU).close()
+
+
+def test_bench_checks_its_out_folder_first(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dump_toml(small_recipe(_root(tmp_path / "data"))))
+    assert main(["bench", str(recipe), "--out", str(tmp_path / "afile"), "--no-progress"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
+    from stallfree.bench_usage import _tree_pss_mb
+
+    rss = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
+                   if line.startswith("VmRSS:")).split()[1]) / 1024
+    pss = _tree_pss_mb()
+    assert 0 < pss <= rss * 1.01  # PSS never exceeds RSS: shared pages are not counted whole
