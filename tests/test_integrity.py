@@ -43,8 +43,12 @@ def _truncate(path: Path) -> None:
 
 
 def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
-    root = _root(tmp_path / "data")
-    _truncate(root / "val" / "a" / "1.jpg")  # the header is fine: it fails when decoded
+    from stallfree.data.demo import write_demo
+
+    root = write_demo(tmp_path / "data", train_per_class=2, val_per_class=3, seed=1,
+                      progress=False)
+    victim = sorted((root / "val").rglob("*.jpg"))[4]
+    victim.write_bytes(victim.read_bytes()[:3000])  # the header is fine: it fails when decoded
     recipe = tmp_path / "r.toml"
     recipe.write_text(dump_toml(small_recipe(root, loader={"torch": {"workers": 2}},
                                              train={"batch_size": 2})))
@@ -56,7 +60,7 @@ def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
               "list(loader)  # raises BadImageError, and the loader is never closed\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)  # hung for ever before
-    assert done.returncode == 1 and "BadImageError" in done.stderr and "1.jpg" in done.stderr
+    assert done.returncode == 1 and "BadImageError" in done.stderr and victim.name in done.stderr
 
 
 def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
@@ -158,3 +162,29 @@ def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
                    if line.startswith("VmRSS:")).split()[1]) / 1024
     pss = _tree_pss_mb()
     assert 0 < pss <= rss * 1.01  # PSS never exceeds RSS: shared pages are not counted whole
+
+
+@pytest.mark.dali
+def test_corrupt_entropy_data_data_check_is_the_arbiter(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """2,000 bytes flipped mid-file: PIL (torch, data check) refuses the file, DALI's decoder
+    decodes it into partly garbled pixels. The documented rule: `data check` decides, and its
+    clean list makes both loaders train on the same files."""
+    from stallfree.data.dali_backend import first_undecodable
+    from stallfree.data.imageio import open_rgb
+
+    root = _root(tmp_path / "data")
+    victim = root / "train" / "a" / "2.jpg"
+    noise = torch.randint(0, 255, (375, 500, 3), generator=torch.Generator().manual_seed(0))
+    Image.fromarray(noise.cumsum(1).remainder(255).to(torch.uint8).numpy()).save(victim, quality=90)
+    data = bytearray(victim.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 2000):
+        data[i] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    with pytest.raises(BadImageError, match="broken data stream"):
+        open_rgb(str(victim))
+    assert first_undecodable([str(victim)]) is None  # DALI decodes it: the documented difference
+    clean = tmp_path / "clean.txt"
+    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
+                 "--write-list", str(clean)]) == 1
+    assert "2.jpg" in capsys.readouterr().out and "train/a/2.jpg" not in clean.read_text()

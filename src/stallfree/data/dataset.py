@@ -105,6 +105,9 @@ def _class_dirs(split_dir: Path) -> list[str]:
         return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
 
 
+ACCEPTED_SUFFIXES = frozenset(IMAGE_EXTENSIONS)
+
+
 def _accepted(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
@@ -167,12 +170,14 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
                 checked_by = (m.group(1), int(m.group(2)))
             if not text or text.startswith("#"):
                 continue
-            parts = _relative(text, bases).split(os.sep)
+            # Fast path for the usual clean relative line; anything else is normalised first.
+            plain = not text.startswith(("/", ".")) and "/." not in text and "//" not in text
+            parts = (text if plain else _relative(text, bases)).split(os.sep)
             if len(parts) != 3 or parts[0] not in SPLITS or parts[1] not in index:
                 raise DatasetError(
                     f"{path}:{number}: {text!r} is not SPLIT/CLASS/FILE under data.root {root} "
                     f"with a class of {root / 'train'}; fix the line or data.root")
-            if not _accepted(parts[2]):
+            if "." + parts[2].rpartition(".")[2].lower() not in ACCEPTED_SUFFIXES:
                 left_out.append(text)
                 continue
             tails[parts[0]][index[parts[1]]].append(f"{parts[1]}/{parts[2]}")

@@ -151,8 +151,8 @@ class ShardedLoader(Loader):
         return (state.get("batch_size"), state.get("world_size")) == \
             (self.plan.batch_size, self.plan.world_size)
 
-    def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
-        """(order, augmentation seeds) of the current epoch."""
+    def epoch_order(self) -> tuple[np.ndarray, int]:
+        """(order, augmentation seed base) of the current epoch (see `sample_seeds`)."""
         return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch,
                                  shuffle=self.shuffle)
 

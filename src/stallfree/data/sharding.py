@@ -16,16 +16,33 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def epoch_permutation(n: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Return (order, aug_seeds): the global sample order and one augmentation seed per sample.
+def epoch_permutation(n: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, int]:
+    """Return (order, seed_base): the global sample order and the base of the epoch's
+    per-sample augmentation seeds (see `sample_seeds`).
 
-    Seeds are indexed by sample id, not position, so a sample's augmentation in an epoch does not
-    depend on which rank, worker or resume position reads it.
+    The order is int32 below 2**31 samples (4 bytes a sample, not 8: ImageNet-21k's 14.2M
+    orders cost 57 MB); shuffling it in place draws the same permutation as
+    `Generator.permutation(n)`. Seeds are derived per sample from the base rather than stored.
     """
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n) if shuffle else np.arange(n)
-    aug_seeds = rng.integers(0, 2**62, size=n, dtype=np.int64)
-    return order, aug_seeds
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    if shuffle:
+        rng.shuffle(order)
+    return order, int(rng.integers(0, 2**62))
+
+
+def sample_seeds(base: int, ids: np.ndarray) -> np.ndarray:
+    """Each sample's augmentation seed in an epoch: splitmix64 of (base + sample id).
+
+    Indexed by sample id, not position, so a sample's augmentation does not depend on which
+    rank, worker or resume position reads it.
+    """
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
+        z = np.uint64(base) + np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(2)).astype(np.int64)  # 62 bits: a non-negative int64
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from stallfree.data.listing import Listing
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
+from stallfree.data.sharding import sample_seeds
 from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
@@ -64,9 +65,9 @@ class _LoaderSampler(Sampler[list[tuple[int, int]]]):
         return self.loader.batches_left()
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        seeds = self.loader.epoch_order()[1]
-        for ids in self.loader.remaining_ids():
-            yield [(int(i), int(seeds[i])) for i in ids]
+        order, base = self.loader.epoch_order()  # once: a permutation is 4 bytes a sample
+        for ids in self.loader.plan.batches(order, self.loader.position):
+            yield list(zip(ids.tolist(), sample_seeds(base, ids).tolist()))
 
 
 def collate_uint8(items: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
