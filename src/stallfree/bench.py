@@ -192,9 +192,17 @@ def _child_main() -> None:
 _RESULT_TAG = "STALLFREE_BENCH_RESULT "
 
 
+# Under one lent device call (600 s) by default; STALLFREE_BENCH_TIMEOUT raises it.
+CHILD_TIMEOUT_S = float(os.environ.get("STALLFREE_BENCH_TIMEOUT", "540"))
+
+
 def run_isolated(kind: str, recipe: Recipe, backend: str, warmup: int, batches: int,
-                 timeout_s: float = 1800) -> dict[str, Any]:
-    """One measurement in a fresh interpreter: clean RSS, no state shared between runs."""
+                 timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
+    """One measurement in a fresh interpreter: clean RSS, no state shared between runs.
+
+    The child's stderr is kept in the record (`stderr`, its last lines): a successful run can
+    still have said something that matters, e.g. DALI falling back to a CPU decode.
+    """
     request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "backend": backend,
                           "warmup": warmup, "batches": batches})
     code = "from stallfree.bench import _child_main; _child_main()"
@@ -203,9 +211,10 @@ def run_isolated(kind: str, recipe: Recipe, backend: str, warmup: int, batches: 
                               text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {timeout_s:.0f} s"}
+    said = "\n".join(proc.stderr.strip().splitlines()[-20:])
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_RESULT_TAG):
-            return json.loads(line[len(_RESULT_TAG):])
+            return {**json.loads(line[len(_RESULT_TAG):]), **({"stderr": said} if said else {})}
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return {"error": f"measurement process exited with code {proc.returncode}: {tail}"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -82,6 +83,12 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     if measured:
         lines += ["", "Ratios (best setting of each):", ""]
         lines += [f"- {name}: **{value:.2f}**" for name, value in measured.items()]
+    warned = [(r, line) for r in result["records"] if "error" not in r
+              for line in r.get("stderr", "").splitlines()
+              if re.search(r"warn|fail|fall.?back|error", line, re.IGNORECASE)]
+    if warned:  # e.g. DALI's "Failed to load nvjpeg": a run that "worked" on the wrong path
+        lines += ["", "Warnings from runs that finished:", ""] + sorted(
+            {f"- {r['mode']} {r['backend']}: {line.strip()[:200]}" for r, line in warned})
     errors = [r for r in result["records"] if "error" in r]
     if errors:
         lines += ["", "Failed runs:", ""] + [f"- {r['mode']} {r['backend']}: {r['error']}" for r in errors]

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _eval_parser(sub)
     _compare_parser(sub)
+    doctor = sub.add_parser("doctor", help="what this machine can run (torch, GPUs, DALI, nvJPEG, "
+                                           "/dev/shm, cores, cache): OK / WARN / FAIL with the fix")
+    doctor.add_argument("--json", action="store_true", help="the checks as a JSON list")
     return parser
 
 
@@ -266,8 +269,16 @@ def _pct(value: object) -> str:
     return f"{100 * value:.1f}%" if isinstance(value, float) else "-"
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from stallfree.doctor import FAIL, diagnose, report
+
+    checks = diagnose()
+    print(report(checks, as_json=args.json))
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
 COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cmd_eval,
-            "compare": cmd_compare}
+            "compare": cmd_compare, "doctor": cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,11 +69,15 @@ class GpuMonitor:
             util = torch.cuda.utilization(self.device)
             free, total = torch.cuda.mem_get_info(self.device)  # the driver's view, no NVML
             used = total - free
+            # This process's share: torch's caching allocator (DALI's own pools are not in
+            # it, nor is another process's memory on a shared GPU; the device figure has both).
+            mine = torch.cuda.memory_reserved(self.device)
         except Exception as exc:  # noqa: BLE001 - NVML missing or unsupported: lose only these metrics
             self.enabled = False
             warnings.warn(f"GPU metrics off: {type(exc).__name__}: {exc}", stacklevel=2)
             return {}
-        return {"gpu_util": util / 100, "gpu_mem_gb": used / 1e9}
+        return {"gpu_util": util / 100, "gpu_mem_gb": used / 1e9,
+                "gpu_mem_torch_gb": mine / 1e9}
 
 
 class Sink(Protocol):

@@ -15,9 +15,6 @@ decoded one by one to name the file.
 from __future__ import annotations
 
 import itertools
-import os
-import re
-import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -39,10 +36,19 @@ try:
     from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 except ImportError as exc:  # only raised when --loader dali is chosen
+    missing = getattr(exc, "name", None) or ""
+    if missing and not missing.startswith("nvidia"):  # DALI is there, one of its imports is not
+        raise BackendError(
+            f"NVIDIA DALI is installed but does not import: missing module {missing!r}; "
+            f"pip install {missing.replace('_', '-')} into the same tree as DALI "
+            "(`stallfree doctor` lists everything missing)") from exc
     raise BackendError(
         "the dali backend needs NVIDIA DALI: pip install 'stallfree[dali]' "
-        "(or pip install nvidia-dali-cuda120)"
+        "(or pip install nvidia-dali-cuda120; dali-cuda130 for a CUDA 13 torch)"
     ) from exc
+
+from stallfree.data.dali_probe import (  # noqa: E402 - needs DALI, checked just above
+    environment_problem, first_cause, first_undecodable)
 
 # Samples feed DALI through an external source, which DALI's checkpoint does not cover; the
 # loader restarts that source at the next unseen sample itself, as the warning asks.
@@ -190,6 +196,9 @@ class DaliLoader(ShardedLoader):
 
     def _explain(self, exc: RuntimeError) -> StallfreeError:
         """Name the file that stopped the pipeline: decode the batches in flight one by one."""
+        environment = environment_problem(str(exc))
+        if environment is not None:
+            return environment
         in_flight = itertools.islice(self.plan.batches(self.epoch_order()[0], self.position),
                                      self.spec.loader.prefetch + 2)
         assert self.spec.listing is not None
@@ -197,7 +206,7 @@ class DaliLoader(ShardedLoader):
             self._listing_ids(np.concatenate([*in_flight, np.zeros(0, np.int64)]))))
         if culprit is not None:
             return BadImageError(culprit[0], f"DALI cannot decode it: {culprit[1]}")
-        return DataPipelineError(f"the DALI pipeline stopped: {_first_cause(str(exc))}")
+        return DataPipelineError(f"the DALI pipeline stopped: {first_cause(str(exc))}")
 
     def _batches(self, iterator: DALIGenericIterator) -> Iterator[Batch]:
         if self.prefetcher is None:
@@ -277,62 +286,8 @@ def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:
 def _is_memory_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text \
-        or "bad_alloc" in text or "can't allocate" in text or "cudaerrormemoryallocation" in text
-
-
-def _first_cause(text: str) -> str:
-    """The line of a DALI error that says what went wrong, not where in DALI it happened."""
-    lines = [_ANSI.sub("", line).strip() for line in text.splitlines() if line.strip()]
-    skip = ("Critical error in pipeline", "Error in CPU operator", "Error in MIXED operator",
-            "Error in GPU operator", "Current pipeline object", "Stacktrace", "which was used",
-            "File ", "encountered:")
-    useful = [line for line in lines if not line.startswith(skip)]
-    return (useful or lines or ["(no message)"])[0][:300]
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
-def _probe_pipeline(paths: list[str]) -> Any:
-    # Bytes fed one file at a time: files and tar members alike, nothing extracted.
-    encoded = fn.external_source(source=(
-        [np.frombuffer(read_bytes(path), dtype=np.uint8)] for path in paths), batch=True,
-        dtype=types.UINT8)
-    return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
-
-
-def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
-    """The first of `paths` that DALI's CPU decoder cannot read, with the cause in one line.
-
-    One synchronous pipeline, one file per run: run i decodes file i, so the run that fails
-    names the file. The decoder writes the real cause ("Premature end of JPEG data") to the
-    process's stderr, not into the exception, so file descriptor 2 is captured meanwhile.
-    """
-    if not paths:
-        return None
-    with tempfile.TemporaryFile() as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        done = 0
-        try:
-            pipe = _probe_pipeline(paths)
-            pipe.build()
-            for done in range(len(paths)):
-                log.seek(0)
-                log.truncate()
-                pipe.run()
-            return None
-        except RuntimeError as exc:
-            error = exc
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        logged = [line for line in log.read().decode(errors="replace").splitlines()
-                  if "ERROR" in line or "rror" in line]
-    cause = _first_cause(logged[-1]) if logged else _first_cause(str(error))
-    return paths[done], re.sub(r"^\[ERROR[^\]]*\]\s*(\[\w+\]\s*)?", "", cause)
+        or "bad_alloc" in text or "can't allocate" in text or "cudaerrormemoryallocation" in text \
+        or "cuda allocation failed" in text
 
 
 def build(spec: LoaderSpec) -> Loader:
