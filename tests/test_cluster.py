@@ -142,3 +142,17 @@ def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Pa
         before = list(warnings.filters)
         assert bad_headers(paths, threads=2) == []
         assert warnings.filters == before
+
+
+def test_a_stop_signal_during_start_up_is_kept_for_the_first_step() -> None:
+    import signal
+
+    from stallfree.train.resume import StopSignal
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    with StopSignal((signal.SIGTERM, signal.SIGUSR1)) as outer:
+        signal.raise_signal(signal.SIGUSR1)  # while the run lists and checks its data
+        assert outer.requested == "SIGUSR1"
+        with StopSignal() as inner:  # the training loop's own handler
+            assert inner.requested == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) == previous

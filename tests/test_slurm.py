@@ -74,26 +74,41 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
 def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         image_root: Path, tmp_path: Path) -> None:
     _slurm_or_skip()
-    # ~0.35 s an epoch for 2 ranks here: a ~40 s run, longer than the time limit's signal
-    # needs (USR1@55 with --time=1 lands 5-35 s after the start: slurmctld checks every 30 s).
-    recipe = small_recipe(image_root, train={"epochs": 110, "batch_size": 4, "log_every": 50,
-                                             "keep_checkpoints": 2})
+    # Sleep-bound steps (tests/slow_loader.py: 60 ms a batch, little CPU): ~35 s for the run,
+    # longer than the time limit's signal needs (USR1@55 with --time=1 lands 5-35 s after the
+    # start: slurmctld checks every 30 s), and the reference runs beside it on the same cores.
+    recipe = small_recipe(image_root, loader={"backend": "slow_loader:build"},
+                          train={"epochs": 45, "batch_size": 4, "log_every": 50,
+                                 "keep_checkpoints": 2})
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(recipe))
     env = {**os.environ, "RECIPE": str(path), "OUT": str(tmp_path / "slurm"),
-           "PYTHON": sys.executable, "STALLFREE_ARGS": ""}
-    # The uninterrupted reference first: the same two ranks under torchrun (one thread each,
-    # like one srun task with one CPU).
-    reference = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-         "-m", "stallfree", "train", str(path), "--out", str(tmp_path / "reference"),
-         "--no-progress"], capture_output=True, text=True, timeout=600, check=False)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+           "PYTHON": sys.executable, "STALLFREE_ARGS": "",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     log = tmp_path / "slurm.log"
     job = _submit(REPO / "docker" / "slurm.sbatch", tmp_path, env, "--job-name=stallfree-test",
                   "--ntasks=2", "--cpus-per-task=1", "--time=1", "--signal=USR1@55",
                   "--open-mode=append", f"--output={log}")
+    # The uninterrupted reference, beside it: the same two ranks under torchrun (one thread
+    # each, like one srun task with one CPU).
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+         "-m", "stallfree", "train", str(path), "--out", str(tmp_path / "reference"),
+         "--no-progress"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "reference.log", "w"),
+        env=env)
+    # slurmctld checks time limits every 30 s, so every requeued run of a 1-minute job would be
+    # signalled again ~15 s in. Once the first signal has been honoured, the job gets a 5-minute
+    # limit: the rest of the run finishes without another signal, and the test stays short.
+    deadline = time.time() + 300
+    while time.time() < deadline and "requeued Slurm job" not in (
+            log.read_text() if log.exists() else ""):
+        if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False,
+                   capture_output=True)
     state = _wait_for(job, timeout_s=420)
+    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     text = log.read_text()
     assert state["JobState"] == "COMPLETED", text[-4000:]
     signalled = len(re.findall(r"stop requested at optimizer step \d+ \(SIGUSR1\)", text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StopSignal
     from stallfree.train.run import train  # torch-heavy imports only when training
     from stallfree.train.slurm import maybe_requeue
     from stallfree.train.trainer import PreemptedError
@@ -149,9 +150,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # A scheduler's SIGTERM or SIGUSR1 during start-up (listing, checks) is kept and honoured
+    # after the first step; one after the run has finished is ignored (the job did finish,
+    # it must not end "killed by signal"). Ctrl-C during start-up still stops at once.
     try:
-        summary = train(recipe, out, progress=show_progress(not args.no_progress), resume=args.resume,
-                        force=args.force, profile_steps=args.profile)
+        with StopSignal((signal.SIGTERM, signal.SIGUSR1)):
+            summary = train(recipe, out, progress=show_progress(not args.no_progress),
+                            resume=args.resume, force=args.force, profile_steps=args.profile)
     except PreemptedError as exc:
         code = INTERRUPTED_EXIT_CODE if exc.signal == "SIGINT" else PREEMPTED_EXIT_CODE
         LOGGER.warning(f"{exc} ({exc.signal}); checkpoint saved in {out}/checkpoints. Resume "
@@ -283,6 +288,9 @@ COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cm
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
+    # First thing: SIGUSR1 is Slurm's "time is nearly up"; its default action would kill the
+    # process before `train` installs the handler that saves (see cmd_train).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     setup_logging(_rank())
     try:

@@ -133,8 +133,9 @@ class StopSignal:
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
         self.requested: str | None = None  # the name of the first stop signal
+        self.signals = signals
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -143,8 +144,11 @@ class StopSignal:
         self.requested = self.requested or signal.Signals(signum).name
 
     def __enter__(self) -> StopSignal:
-        for sig in self.SIGNALS:
+        for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+            outer = getattr(self._previous[sig], "__self__", None)
+            if isinstance(outer, StopSignal) and outer.requested and not self.requested:
+                self.requested = outer.requested  # came during start-up: honoured now
         return self
 
     def __exit__(self, *exc: object) -> None:
