@@ -31,14 +31,17 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
         learnable_root,
         augment={"image_size": 32, "resize_size": 36, "scale": [0.35, 1.0]},
         optim={"lr": 0.005, "weight_decay": 0.05, "warmup_steps": 10, "label_smoothing": 0.1},
-        train={"epochs": 14, "batch_size": 32, "precision": "bf16", "log_every": 5},
+        # auto: bf16 where the CPU has it natively; emulated bf16 is 7.6x slower than fp32
+        train={"epochs": 14, "batch_size": 32, "precision": "auto", "log_every": 5},
         loader={"torch": {"workers": 2}},
     )
     summary = train(recipe, tmp_path / "run", progress=False)
     # 10 classes: chance is 0.10; this run measured 0.37.
     assert summary["val_top1"] >= 0.25, summary
     run = tmp_path / "run"
-    assert load_recipe(run / "recipe.toml") == recipe
+    expected = recipe.copy()  # recipe.toml holds what `auto` resolved to on this CPU
+    expected.train.precision = summary["precision"]
+    assert load_recipe(run / "recipe.toml") == expected
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
     val_records = [r for r in records if "val_top1" in r]

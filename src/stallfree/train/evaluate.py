@@ -14,12 +14,12 @@ import torch
 from stallfree.data.loader import build_loader
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
+from stallfree.train.accuracy import evaluate_model
 from stallfree.recipe import Recipe
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
 from stallfree.train.run import prepare
-from stallfree.train.trainer import evaluate_model
 
 
 def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from stallfree.data.loader import Batch, Loader
@@ -25,7 +24,8 @@ from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.metrics import Sink, StepTimer
 from stallfree.parallel import DistInfo
-from stallfree.train.distributed import all_reduce_sum, broadcast_buffers
+from stallfree.train.accuracy import evaluate_model
+from stallfree.train.distributed import all_reduce_sum
 from stallfree.train.ema import ModelEma, unwrap
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
@@ -390,30 +390,3 @@ class Trainer:
     def _new_window(self) -> _Window:
         zero = torch.zeros((), device=self.device)
         return _Window(loss_sum=zero, grad_norm_sum=zero.clone())
-
-
-@torch.no_grad()
-def evaluate_model(model: nn.Module, loader: Loader, policy: PrecisionPolicy,
-                   device: torch.device, dist: DistInfo) -> dict[str, float]:
-    """Top-1 and top-5 accuracy over `loader`, summed across ranks, and the samples counted.
-
-    Ranks may hold different numbers of val batches (every sample is read exactly once), so
-    the model runs unwrapped: DDP's forward must not wait for ranks that have finished.
-    """
-    model = model.module if isinstance(model, DistributedDataParallel) else model
-    if dist.world_size > 1:
-        broadcast_buffers(model)  # BatchNorm statistics as checkpointed (rank 0's)
-    model.eval()
-    counts = torch.zeros(3, device=device)  # top1, top5, samples
-    for batch in loader:
-        with policy.autocast():
-            logits = model(batch.images)
-        k = min(5, logits.shape[1])
-        top = logits.float().topk(k, dim=1).indices
-        hits = top.eq(batch.labels[:, None])
-        counts[0] += hits[:, 0].sum()
-        counts[1] += hits.any(dim=1).sum()
-        counts[2] += batch.labels.numel()
-    top1, top5, total = all_reduce_sum(counts).tolist()
-    return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1),
-            "val_samples": int(total)}
