@@ -16,6 +16,8 @@
 #         --platform manylinux2014_x86_64 nvidia-dali-cuda130 nvidia-nvimgcodec-cu13 \
 #         nvidia-nvjpeg optree gast astunparse tomli-w tqdm
 #   (DALI finds libnvjpeg through nvImageCodec's $ORIGIN/../../cu13/lib: all in one tree.)
+#   A CPU dry run's wheelhouse (tested: a venv with only torch, numpy and pillow, exit 0):
+#     pip download -d wheelhouse tomli-w tqdm nvidia-dali-cuda120
 # Exit codes: 0 all tested and passed; 1 a test or run failed; 3 passed, but DALI was missing so
 # its GPU path was NOT tested (REQUIRE_DALI=1 makes that a failure first); 4 DALI's mixed decoder
 # fell back to the CPU (nvjpeg did not load), so the "GPU" figures would be CPU decodes.
@@ -36,7 +38,7 @@ rm -rf "$OUT_DIR"
 mkdir -p "$OUT_DIR"
 site=""
 if [ -n "${WHEELHOUSE:-}" ]; then
-  site="$PWD/$OUT_DIR/site"
+  site="$(cd "$OUT_DIR" && pwd)/site"  # absolute, whether OUT_DIR is or not
   # One call into one tree: nvImageCodec must find nvjpeg beside it.
   wheels=$(find "$WHEELHOUSE" -maxdepth 1 -name '*.whl' | sort)
   [ -n "$wheels" ] || { say "WHEELHOUSE=$WHEELHOUSE holds no .whl files"; exit 1; }

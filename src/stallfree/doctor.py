@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -149,7 +150,8 @@ def _find_library(soname: str) -> Path | None:
     for base in sys.path:
         nvidia = Path(base or ".") / "nvidia"
         if nvidia.is_dir():
-            hits = sorted(nvidia.glob(f"*/**/{stem}.so*"))
+            hits = sorted(p for p in nvidia.glob(f"*/**/{stem}.so*")
+                          if re.fullmatch(rf"{re.escape(stem)}\.so(\.\d+)*", p.name))
             if hits:
                 return hits[0]
     try:
