@@ -150,11 +150,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    # A scheduler's SIGTERM or SIGUSR1 during start-up (listing, checks) is kept and honoured
-    # after the first step; one after the run has finished is ignored (the job did finish,
-    # it must not end "killed by signal"). Ctrl-C during start-up still stops at once.
+    # Slurm's SIGUSR1 ("time is nearly up") during start-up (imports, listing, checks) is kept
+    # and honoured after the first step: save, then requeue; one after the run has finished is
+    # only remembered (main's handler), so the job does not end "killed by signal". SIGTERM and
+    # Ctrl-C during start-up stop at once: there is nothing new to save yet.
     try:
-        with StopSignal((signal.SIGTERM, signal.SIGUSR1)):
+        with StopSignal((signal.SIGUSR1,)) as early:
+            early.requested = early.requested or (_early_signals[0] if _early_signals else None)
             summary = train(recipe, out, progress=show_progress(not args.no_progress),
                             resume=args.resume, force=args.force, profile_steps=args.profile)
     except PreemptedError as exc:
@@ -289,8 +291,8 @@ COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cm
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
     # First thing: SIGUSR1 is Slurm's "time is nearly up"; its default action would kill the
-    # process before `train` installs the handler that saves (see cmd_train).
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # process before `train` installs the handler that saves, e.g. while torch imports.
+    signal.signal(signal.SIGUSR1, _remember_usr1)
     args = build_parser().parse_args(argv)
     setup_logging(_rank())
     try:
@@ -299,6 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" ({exc.hint})" if exc.hint else ""
         LOGGER.error(f"error: {exc}{hint}")
         return exc.exit_code
+
+
+_early_signals: list[str] = []  # SIGUSR1s that came before train's own handler was in place
+
+
+def _remember_usr1(signum: int, frame: object) -> None:
+    _early_signals.append(signal.Signals(signum).name)
 
 
 def _rank() -> int:
