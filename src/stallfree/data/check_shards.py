@@ -7,22 +7,14 @@ decoded. For other WebDataset shards: the labels read from `.cls` and every memb
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
 
 from stallfree.data.check import CheckReport
 from stallfree.data.dataset import SPLITS, Dataset, DatasetError
+from stallfree.data.pack import file_sha256
 from stallfree.data.startup import decode_all
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
@@ -37,7 +29,7 @@ def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
     problems = []
     for entry in shards:
         shard = root / Path(str(entry.get("name", ""))).name
-        if shard.is_file() and _sha256(shard) != entry.get("sha256"):
+        if shard.is_file() and file_sha256(shard) != entry.get("sha256"):
             problems.append((shard, "shard: SHA-256 differs from the manifest's: not the shard "
                                     "that was packed (re-pack, or restore it)"))
     return problems

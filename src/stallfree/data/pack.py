@@ -72,7 +72,8 @@ def write_index(shard: Path) -> int:
     return int(text.split(None, 2)[1])
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
@@ -91,7 +92,7 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
         assert tar is not None
         tar.close()
         path = out / shards[-1]["name"]
-        shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=_sha256(path))
+        shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=file_sha256(path))
 
     for i, (path, label) in enumerate(tqdm(samples, desc=f"packing {split}", unit="img",
                                            disable=not progress)):
