@@ -109,7 +109,10 @@ ACCEPTED_SUFFIXES = frozenset(IMAGE_EXTENSIONS)
 
 
 def _accepted(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+    """An accepted image extension, as os.path.splitext reads one (".jpg" alone has none);
+    by string partition, since a 14.2M-line file list calls it once a line."""
+    stem, dot, ext = name.rpartition(".")
+    return bool(dot) and bool(stem.strip(".")) and f".{ext.lower()}" in ACCEPTED_SUFFIXES
 
 
 def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None) -> Listing:
@@ -177,7 +180,7 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
                 raise DatasetError(
                     f"{path}:{number}: {text!r} is not SPLIT/CLASS/FILE under data.root {root} "
                     f"with a class of {root / 'train'}; fix the line or data.root")
-            if "." + parts[2].rpartition(".")[2].lower() not in ACCEPTED_SUFFIXES:
+            if not _accepted(parts[2]):
                 left_out.append(text)
                 continue
             tails[parts[0]][index[parts[1]]].append(f"{parts[1]}/{parts[2]}")
