@@ -60,10 +60,10 @@ def _expand_counts(text: str) -> list[int]:
 
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm node list: "gpu[07-09,12],cpu1" -> "gpu07"."""
-    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
-    if "[" not in head:
-        return head
-    prefix, _, rest = head.partition("[")
+    first = nodelist.split(",")[0]
+    if "[" not in first:
+        return first
+    prefix, _, rest = nodelist.partition("[")
     return prefix + rest.split(",")[0].split("-")[0].rstrip("]")
 
 

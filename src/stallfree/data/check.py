@@ -85,8 +85,8 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
     of tar shards, check them whole: see `check_shards`)."""
     root = Path(root)
-    if (root / "manifest.json").is_file() or not (root / "train").is_dir() or \
-            any(root.glob("train*.tar")) or any((root / "train").glob("*.tar")):
+    if (root / "manifest.json").is_file() or any(root.glob("train*.tar")) or \
+            any((root / "train").glob("*.tar")):
         from stallfree.data.check_shards import check_shards
 
         return check_shards(root, workers=cpu_cores() if workers < 1 else workers,

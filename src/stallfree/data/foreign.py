@@ -9,7 +9,6 @@ named by their number.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from stallfree.data.dataset import SPLITS, Dataset, DatasetError
 from stallfree.data.listing import ListingBuilder
 from stallfree.data.pack import index_text
-from stallfree.data.startup import cache_dir
+from stallfree.data.startup import cache_dir, stat_key, write_cache_file
 from stallfree.data.tarshards import Entry, ShardError, parse_index
 
 
@@ -45,9 +44,7 @@ def _labels(shard: Path, entries: list[Entry]) -> list[int]:
 
 def shard_samples(shard: Path) -> tuple[list[Entry], list[int]]:
     """A foreign shard's samples and labels, read from the tar once and then cached."""
-    st = shard.stat()
-    key = hashlib.sha256(f"{shard.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-    cache = cache_dir() / "wds" / f"{key.hexdigest()[:32]}.json"
+    cache = cache_dir() / "wds" / f"{stat_key([str(shard.resolve())])}.json"
     try:
         saved = json.loads(cache.read_text())
         entries = [tuple(e) for e in saved["entries"]]
@@ -56,13 +53,8 @@ def shard_samples(shard: Path) -> tuple[list[Entry], list[int]]:
         pass
     entries = parse_index(index_text(shard), str(shard))
     labels = _labels(shard, entries)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"entries": entries, "labels": labels}))
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # only costs the next start a re-read of the shard
+    # A cache that cannot be written only costs the next start a re-read of the shard.
+    write_cache_file(cache, json.dumps({"entries": entries, "labels": labels}))
     return entries, labels
 
 

@@ -16,7 +16,7 @@ import json
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -34,15 +34,33 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
-    digest = hashlib.sha256(f"{kind} {__version__} {max_pixels} {listing.digest()}".encode())
-    for source in sources:
+def stat_key(paths: Iterable[str | Path], prefix: str = "") -> str:
+    """A cache key from `prefix` and each path's size and modification time (a missing path
+    counts as such): what changes when a file or a folder's entries change."""
+    digest = hashlib.sha256(prefix.encode())
+    for path in paths:
         try:
-            st = os.stat(source)
-            digest.update(f"{source}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            st = os.stat(path)
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         except OSError:
-            digest.update(f"{source}\0-\n".encode())
+            digest.update(f"{path}\0-\n".encode())
     return digest.hexdigest()[:32]
+
+
+def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
+    return stat_key(sources, f"{kind} {__version__} {max_pixels} {listing.digest()}")
+
+
+def write_cache_file(path: Path, text: str) -> OSError | None:
+    """Write a cache file atomically (temp file, rename); the error, if it could not be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _read_cache(path: Path) -> dict[str, str] | None:
@@ -54,12 +72,8 @@ def _read_cache(path: Path) -> dict[str, str] | None:
 
 def _write_cache(path: Path, bad: dict[str, str]) -> None:
     """Keep the result for the next start; a cache that cannot be written only costs time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": __version__, "bad": bad}))
-        os.replace(tmp, path)
-    except OSError as exc:
+    exc = write_cache_file(path, json.dumps({"version": __version__, "bad": bad}))
+    if exc is not None:
         warnings.warn(f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
                       "start checks again; set STALLFREE_CACHE to a writable folder", stacklevel=3)
 

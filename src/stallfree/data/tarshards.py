@@ -18,7 +18,6 @@ Two kinds of shards:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,8 +26,8 @@ from typing import Any
 from stallfree.data.dataset import SPLITS, Dataset, DatasetError
 from stallfree.data.imageio import IMAGE_EXTENSIONS
 from stallfree.data.listing import ListingBuilder
-from stallfree.data.pack import FORMAT, MANIFEST, index_text
-from stallfree.data.startup import cache_dir, cached_check
+from stallfree.data.pack import FORMAT, MANIFEST
+from stallfree.data.startup import cached_check, stat_key
 
 BLOCK = 512  # a tar member's data starts on a block, right after its 512-byte header
 # (image member, its offset, its size, .cls member offset, .cls size) of one sample
@@ -195,31 +194,6 @@ def resolve_shards(root_text: str) -> Dataset:
         splits[split] = builder.build()
     # Once per dataset state: the shards' and indexes' sizes and times, and the manifest.
     files = [root / MANIFEST, *(p for s in sources for p in (Path(s), Path(s).with_suffix(".idx")))]
-    key = _stat_key(files)
+    key = stat_key(str(p.resolve()) for p in files)
     cached_check("shards", key, lambda: [verify_members(*item) for item in checked])
     return Dataset(root=str(root), classes=classes, splits=splits, sources=tuple(sources))
-
-
-def _stat_key(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        st = path.stat()
-        digest.update(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:32]
-
-
-def build_index(shard: Path) -> str:
-    """The wds2idx v1.2 text of a shard (ours or anybody's), cached by its size and time."""
-    key = _stat_key([shard])
-    cached = cache_dir() / "wds-index" / f"{key}.idx"
-    if cached.is_file():
-        return cached.read_text()
-    text = index_text(shard)
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, cached)
-    except OSError:
-        pass  # only costs the next start a re-read of the shard
-    return text

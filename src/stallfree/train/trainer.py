@@ -130,9 +130,7 @@ class Trainer:
         chunks = self.micro.split(n)
         for k, (a, b) in enumerate(chunks):
             last = boundary and k == len(chunks) - 1
-            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
-                else self.model.no_sync()  # DDP: all-reduce only on the window's last backward
-            with sync:
+            with self._sync(last):
                 with self.policy.autocast():
                     logits = self.model(images[a:b])
                 # Loss in fp32: softmax over low-precision logits loses accuracy.
@@ -147,12 +145,16 @@ class Trainer:
             self._window.loss_sum += loss.detach() * (b - a)
         self._window.samples += n
 
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP: gradients all-reduce only on a window's last backward (no_sync on the others)."""
+        if last or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
     def _empty_step(self, batch: Batch, boundary: bool) -> None:
         """A micro-batch with no sample: nothing to learn, but under DDP the boundary backward
         is a collective every rank must join, so an empty forward and a zero loss run it."""
-        sync = contextlib.nullcontext() if boundary or not hasattr(self.model, "no_sync") \
-            else self.model.no_sync()
-        with sync, self.policy.autocast():
+        with self._sync(boundary), self.policy.autocast():
             loss = self.model(batch.images).float().sum() * 0.0
         self.scaler.scale(loss).backward()
 
@@ -287,10 +289,11 @@ class Trainer:
             work.wait()
             agreed = bool(votes.item() > 0)  # after this step's own host sync: already there
             self._stop_vote = None
-        if last or agreed:
-            votes = torch.tensor([float(flag)], device=self.device)
-            return agreed or bool(all_reduce_sum(votes).item() > 0)
+        if agreed:  # every rank read the same vote: all stop here, no collective left open
+            return True
         votes = torch.tensor([float(flag)], device=self.device)
+        if last:
+            return bool(all_reduce_sum(votes).item() > 0)
         self._stop_vote = (all_reduce_sum(votes, async_op=True), votes)
         return False
 
