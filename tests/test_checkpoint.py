@@ -94,7 +94,7 @@ def test_resume_mid_epoch_is_bitwise_equal(image_root: Path, tmp_path: Path, bac
     full = tmp_path / "full"
     assert train(recipe, full, progress=False)["optimizer_steps"] == 8
     final = load_checkpoint(full / "checkpoints" / "ckpt-000000008.pt")
-    for k in (2, 5):  # mid-epoch 0 (after 4 of 7 batches) and mid-epoch 1
+    for k in (2, 4, 5):  # mid-epoch 0 (after 4 of 7 batches), its end, and mid-epoch 1
         run = tmp_path / f"resumed-{k}"
         (run / "checkpoints").mkdir(parents=True)
         shutil.copy(full / "checkpoints" / f"ckpt-{k:09d}.pt", run / "checkpoints")

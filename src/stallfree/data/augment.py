@@ -1,4 +1,4 @@
-"""The augmentation spec, implemented with PIL for the torch backend.
+"""The augmentation spec, implemented for the torch backend (decode and resize: `data/decode.py`).
 
 Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, (normalise on device).
 Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
@@ -7,7 +7,7 @@ the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val 
 conventions (long side rounded, crop offset rounded half up) follow DALI's, so that the two
 backends agree to a fraction of a grey level rather than differ by a one-pixel shift.
 
-Opening and decoding (which files are accepted, 16-bit and alpha handling, EXIF orientation,
+Which files are accepted and how they become RGB (16-bit and alpha handling, EXIF orientation,
 the max_pixels guard) live in `stallfree.data.imageio`, shared with the DALI backend's checks.
 """
 
@@ -17,9 +17,9 @@ import math
 import random
 
 import numpy as np
-from PIL import Image
 
-from stallfree.data.imageio import DEFAULT_MAX_PIXELS, decode_rgb, open_lazy, open_rgb
+from stallfree.data.decode import decode_resized, jpeg_reduction, open_image
+from stallfree.data.imageio import DEFAULT_MAX_PIXELS, open_rgb
 from stallfree.recipe import AugmentConfig
 
 __all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform",
@@ -58,21 +58,15 @@ def train_transform(path: str, aug: AugmentConfig, seed: int,
     """
     rng = random.Random(seed)
     size = aug.image_size
-    img, orientation = open_lazy(path, max_pixels)
-    full_w, full_h = (img.height, img.width) if orientation in (5, 6, 7, 8) else img.size
+    opened = open_image(path, max_pixels)
+    full_w, full_h = opened.width, opened.height
     left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip
-    if orientation == 1 and img.format == "JPEG":
-        # DCT-scaled decode (1/2, 1/4, 1/8) to the smallest size whose crop still covers `size`
-        # pixels on both axes: pixels that the resize would throw away are never decoded.
-        img.draft(None, (math.ceil(full_w * size / crop_w), math.ceil(full_h * size / crop_h)))
-    img = decode_rgb(img, orientation, path)
-    sx, sy = img.width / full_w, img.height / full_h
-    box = (left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy)
-    img = img.resize((size, size), Image.BILINEAR, box=box)
-    if flip:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(img)
+    # DCT-scaled decode to the smallest size whose crop still covers `size` pixels on both axes.
+    reduce = jpeg_reduction(opened, math.ceil(full_w * size / crop_w),
+                            math.ceil(full_h * size / crop_h))
+    return decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip,
+                          reduce=reduce)
 
 
 def val_transform(path: str, aug: AugmentConfig, seed: int = 0,
@@ -81,13 +75,14 @@ def val_transform(path: str, aug: AugmentConfig, seed: int = 0,
 
     Raises BadImageError like `train_transform`.
     """
-    img = open_rgb(path, max_pixels)
-    img = img.resize(resized_shape(img.width, img.height, aug.resize_size), Image.BILINEAR)
+    opened = open_image(path, max_pixels)
+    new_w, new_h = resized_shape(opened.width, opened.height, aug.resize_size)
+    resized = decode_resized(opened, (0, 0, opened.width, opened.height), new_w, new_h)
     size = aug.image_size
     # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).
-    left = math.floor((img.width - size) / 2 + 0.5)
-    top = math.floor((img.height - size) / 2 + 0.5)
-    return np.asarray(img.crop((left, top, left + size, top + size)))
+    left = math.floor((new_w - size) / 2 + 0.5)
+    top = math.floor((new_h - size) / 2 + 0.5)
+    return np.ascontiguousarray(resized[top:top + size, left:left + size])
 
 
 def resized_shape(width: int, height: int, short: int) -> tuple[int, int]:

@@ -3,9 +3,11 @@
 Each rank's samples are fed through an external source in the epoch's global order, cut by the
 shared `ShardPlan`, so class indices, sample order and `len()` are identical to the torch
 backend's; the bytes are read from the compact listing as they are needed (files and tar
-members alike), so no per-sample list lives in DALI. The pipeline is rebuilt for each epoch and
-on resume (with DALI's own checkpoint, i.e. its random state, when the shards are unchanged);
-the source restarts at the next unseen sample.
+members alike), so no per-sample list lives in DALI. One pipeline serves the whole run: at the
+end of an epoch the source ends, and the next epoch's iteration resets the pipeline, whose source
+then starts over in the new epoch's order (a rebuild cost ~0.5 s of start-up a epoch). It is
+rebuilt only on resume (with DALI's own checkpoint, i.e. its random state, when the shards are
+unchanged); the source restarts at the next unseen sample.
 
 Every file's header is checked before training (DALI cannot skip a sample, and nothing else
 would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -67,17 +69,18 @@ class DataPipelineError(StallfreeError, RuntimeError):
 
 
 @pipeline_def(enable_checkpointing=True)
-def image_pipeline(*, source: Iterator[Any], spec: LoaderSpec, decode_device: str,
+def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, decode_device: str,
                    augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
-    """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source`
-    yields this rank's batches as (encoded bytes, labels).
+    """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source()`
+    yields this rank's batches of one epoch as (encoded bytes, labels).
 
     `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
     GPU run: a quarter of the bytes to copy, normalised on the GPU like the torch backend's).
     """
     aug = spec.augment
     size = aug.image_size
-    jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True,
+    # cycle="raise": the end of the source ends DALI's epoch, and a reset calls `source` again.
+    jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True, cycle="raise",
                                       dtype=[types.UINT8, types.INT64])
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
@@ -142,17 +145,18 @@ class DaliLoader(ShardedLoader):
                                            spec.dtype, spec.channels_last) \
             if spec.device.type == "cuda" and not gpu else None
         self._iterator: DALIGenericIterator | None = None
+        self._ended = False  # the live pipeline finished an epoch and awaits its reset
+        self._feed_start = 0  # where the source starts in the epoch's order (set before a reset)
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
 
     def _build(self) -> DALIGenericIterator:
-        """A pipeline over this rank's remaining samples of the epoch, from `position` on."""
+        """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
         spec = self.spec
-        start = self.position
         pipe = image_pipeline(
-            source=self._member_batches(start), spec=spec, decode_device=self.decode_device,
+            source=self._feed, spec=spec, decode_device=self.decode_device,
             augment_on_gpu=self.augment_on_gpu, raw_uint8=self.prefetcher is not None,
             batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
-            seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, start),
+            seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, self.position),
             prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
         )
         self._checkpoint = None
@@ -163,11 +167,15 @@ class DaliLoader(ShardedLoader):
     def _listing_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self._kept is None else self._kept[ids]
 
-    def _member_batches(self, start: int) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
-        """This rank's batches from global sample `start` on, as bytes and labels."""
+    def _feed(self) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """This rank's batches of the current epoch from `_feed_start` on, as bytes and labels.
+
+        DALI calls it anew after each reset; its body runs at the first batch DALI asks for,
+        i.e. after `__iter__` has set the epoch and the start.
+        """
         listing = self.spec.listing
         assert listing is not None
-        for ids in self.plan.batches(self.epoch_order()[0], start):
+        for ids in self.plan.batches(self.epoch_order()[0], self._feed_start):
             ids = self._listing_ids(ids)
             yield ([np.frombuffer(read_bytes(path), dtype=np.uint8) for path in listing.paths(ids)],
                    [np.array([listing.labels[i]], dtype=np.int64) for i in ids])
@@ -178,21 +186,22 @@ class DaliLoader(ShardedLoader):
             return
         if self.position == 0:
             self.skipped_samples += self._left_out
-        if self._iterator is not None and self._checkpoint is None:
-            # Re-iterated after stopping mid-epoch: continue on the next unseen batch, as the
-            # torch backend does, instead of restarting the epoch under a mid-epoch counter.
-            self._checkpoint = self._iterator.checkpoints()[0]
         try:
-            self._iterator = self._build()
+            if self._iterator is None:
+                self._feed_start = self.position
+                self._iterator = self._build()
+            elif self._ended:  # the next epoch (or the same one again): the source starts over
+                self._feed_start, self._ended = self.position, False
+                self._iterator.reset()
+            # else: re-iterated after stopping mid-epoch; the live pipeline's next batch is the
+            # next unseen one, as in the torch backend.
             yield from self._counted(self._batches(self._iterator))
         except RuntimeError as exc:
             self._close_iterator()
             if _is_memory_error(exc):
                 raise  # out of memory is not a bad file: the trainer's advice applies
             raise self._explain(exc) from None
-        # Not in a `finally`: a caller that stops mid-epoch keeps the live iterator, whose
-        # checkpoint the next iteration (or state_dict) continues from.
-        self._close_iterator()
+        self._ended = True
 
     def _explain(self, exc: RuntimeError) -> StallfreeError:
         """Name the file that stopped the pipeline: decode the batches in flight one by one."""
@@ -209,11 +218,25 @@ class DaliLoader(ShardedLoader):
         return DataPipelineError(f"the DALI pipeline stopped: {first_cause(str(exc))}")
 
     def _batches(self, iterator: DALIGenericIterator) -> Iterator[Batch]:
+        outputs = self._until_epoch_end(iterator)
         if self.prefetcher is None:
-            return (self._to_batch(data[0]) for data in iterator)
+            return (self._to_batch(data[0]) for data in outputs)
         raw = ((data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long())
-               for data in iterator)
+               for data in outputs)
         return self.prefetcher(raw)
+
+    def _until_epoch_end(self, iterator: DALIGenericIterator) -> Iterator[Any]:
+        """The epoch's remaining outputs. DALI's end of epoch is taken with the last one, not
+        when the caller asks past it: a caller that takes exactly `len()` batches leaves the
+        pipeline ready for its reset all the same (else the next epoch would need a rebuild,
+        whose fresh random state would differ from a reset's)."""
+        left = self.batches_left()
+        for i, data in enumerate(iterator):
+            if i + 1 == left:
+                if next(iterator, None) is not None:
+                    raise DataPipelineError("the DALI pipeline gave more batches than planned")
+                self._ended = True
+            yield data
 
     def _to_batch(self, out: dict[str, torch.Tensor]) -> Batch:
         images = out["images"]
@@ -226,20 +249,23 @@ class DaliLoader(ShardedLoader):
                      labels.to(self.spec.device, non_blocking=True))
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._close_iterator()  # a pipeline of another epoch's order must not be resumed
+        if epoch != self.epoch and not self._ended:
+            # Left mid-epoch: the live pipeline holds that epoch's batches, not this one's.
+            self._close_iterator()
             self._checkpoint = None
         super().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self._iterator is not None and 0 < self.batches_left() < len(self):
-            # DALI's own checkpoint: reader position and every RNG, as of the last batch yielded.
+        if self._iterator is not None:
+            # DALI's own checkpoint, as of the last batch yielded: every RNG of the run's one
+            # pipeline, at an epoch's end too, so that a resume continues its random stream.
             state["dali"] = self._iterator.checkpoints()[0]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self._close_iterator()
         # DALI's checkpoint holds its random state, which continues this rank's stream: it
         # applies only when the shards are unchanged (and not to a 0.2 checkpoint, whose
         # pipeline had a file reader: "dali_list_start").
@@ -247,7 +273,7 @@ class DaliLoader(ShardedLoader):
         self._checkpoint = state["dali"] if usable else None
 
     def _close_iterator(self) -> None:
-        self._iterator = None  # drops the pipeline, its threads and buffers
+        self._iterator, self._ended = None, False  # drops the pipeline, its threads and buffers
 
     def close(self) -> None:
         self._close_iterator()

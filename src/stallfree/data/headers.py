@@ -58,22 +58,27 @@ def png_is_animated(path: str) -> bool:
 def jpeg_marker_problem(path: str) -> str:
     """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
     which PIL skips over. "" when every segment starts where the previous one ended."""
-    data = read_bytes(path, 1 << 16)  # headers (EXIF, tables) sit in the first 64 KiB
+    return jpeg_header_walk(read_bytes(path, 1 << 16))[0]  # headers sit in the first 64 KiB
+
+
+def jpeg_header_walk(data: bytes) -> tuple[str, int]:
+    """(problem, end): `jpeg_marker_problem` on a JPEG's first bytes, and where its header
+    segments end (the start of the scan, or len(data))."""
     pos = 2  # after SOI
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
             return ("junk bytes between JPEG header segments: DALI cannot parse it; "
-                    "re-save the image")
+                    "re-save the image", pos)
         marker = data[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
         if marker == 0x00 or 0xD0 <= marker <= 0xD8:  # no segment starts with these
-            return "a broken JPEG header segment: DALI cannot parse it; re-save the image"
+            return "a broken JPEG header segment: DALI cannot parse it; re-save the image", pos
         if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
-            return ""
+            return "", pos
         pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-    return ""
+    return "", len(data)
 
 
 def webp_is_lossless(path: str) -> bool:

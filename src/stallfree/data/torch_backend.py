@@ -1,7 +1,8 @@
 """The `torch` backend: a tuned PyTorch DataLoader.
 
-PIL decode and uint8 augmentation in worker processes, a uint8 collate, pinned memory, and
-normalisation on the device in a prefetcher that overlaps the next copy with compute.
+Decode (libjpeg-turbo via simplejpeg, else PIL) and uint8 augmentation in worker processes.
+On a GPU run: a uint8 collate, pinned memory, and normalisation on the device in a prefetcher
+that overlaps the next copy with compute. On a CPU run: normalised in the workers.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import signal
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +21,7 @@ from stallfree.data.augment import train_transform, val_transform
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
-from stallfree.data.prefetch import DevicePrefetcher
+from stallfree.data.prefetch import DevicePrefetcher, Normaliser, NormalisingCollate, collate_uint8
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
 from stallfree.errors import some_of
@@ -70,13 +71,6 @@ class _LoaderSampler(Sampler[list[tuple[int, int]]]):
             yield list(zip(ids.tolist(), sample_seeds(base, ids).tolist()))
 
 
-def collate_uint8(items: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack HWC uint8 arrays into one NHWC uint8 tensor: a quarter of float32's bytes."""
-    images = torch.from_numpy(np.stack([array for array, _ in items]))  # one copy, writable
-    labels = torch.tensor([label for _, label in items], dtype=torch.int64)
-    return images, labels
-
-
 def _worker_init(_: int) -> None:
     # Each worker decodes one image at a time; intra-op threads would only oversubscribe cores.
     torch.set_num_threads(1)
@@ -109,12 +103,12 @@ def shutdown_workers(dataloader: DataLoader) -> None:
 class TorchLoader(ShardedLoader):
     """DataLoader adapter that yields `Batch` on the device and resumes mid-epoch.
 
-    `transform`, `collate` and `to_device` default to the tuned path (uint8 through the workers,
-    normalised on the device); torch-naive passes the textbook ones.
+    `transform`, `collate` and `to_device` default to the tuned path (`_tuned_path`); the
+    torch-naive reference and the bench's peers pass their own.
     """
 
     def __init__(self, spec: LoaderSpec, transform: Transform | None = None,
-                 collate: Collate = collate_uint8,
+                 collate: Collate | None = None,
                  to_device: Callable[[Any], Iterator[Batch]] | None = None,
                  empty: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if spec.listing is None:
@@ -132,9 +126,10 @@ class TorchLoader(ShardedLoader):
             warnings.warn(f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
                           f"batch comes: {some_of(list(map(str, bad)))}", stacklevel=2)
         transform = transform or (train_transform if spec.train else val_transform)
-        size = spec.augment.image_size  # what a micro-batch of only bad files becomes (skip)
-        self.empty = empty or (torch.zeros((0, size, size, 3), dtype=torch.uint8),
-                               torch.zeros(0, dtype=torch.int64))
+        if collate is None:
+            collate, to_device, empty = _tuned_path(spec)
+        assert to_device is not None and empty is not None
+        self.empty = empty  # what a micro-batch of only bad files becomes (skip)
         self.dataloader = DataLoader(
             ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels),
             batch_sampler=_LoaderSampler(self),
@@ -151,8 +146,7 @@ class TorchLoader(ShardedLoader):
         # Safe to drop without close(): collected, or at interpreter exit, the workers are
         # shut down (before multiprocessing's own exit handler would wait on them).
         self._finalizer = weakref.finalize(self, shutdown_workers, self.dataloader)
-        self.to_device = to_device or DevicePrefetcher(
-            spec.device, spec.augment.mean, spec.augment.std, spec.dtype, spec.channels_last)
+        self.to_device = to_device
 
     def __iter__(self) -> Iterator[Batch]:
         return self._counted(self.to_device(self._screen(iter(self.dataloader))))
@@ -174,6 +168,25 @@ class TorchLoader(ShardedLoader):
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _tuned_path(spec: LoaderSpec) -> tuple[Collate, Callable[[Any], Iterator[Batch]],
+                                            tuple[torch.Tensor, torch.Tensor]]:
+    """(collate, to_device, empty batch): uint8 through the workers and normalised on the GPU
+    a batch ahead; on a CPU run, normalised in the workers, so the main process only trains."""
+    size, aug = spec.augment.image_size, spec.augment
+    labels = torch.zeros(0, dtype=torch.int64)
+    if spec.device.type == "cpu":
+        normaliser = Normaliser(aug.mean, aug.std, spec.dtype, spec.channels_last)
+        return (NormalisingCollate(normaliser), _as_batches,
+                (torch.zeros((0, 3, size, size), dtype=spec.dtype), labels))
+    return (collate_uint8,
+            DevicePrefetcher(spec.device, aug.mean, aug.std, spec.dtype, spec.channels_last),
+            (torch.zeros((0, size, size, 3), dtype=torch.uint8), labels))
+
+
+def _as_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
+    return (Batch(images, labels) for images, labels in batches)
 
 
 class BadSample(NamedTuple):
