@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,10 @@ import torch
 from stallfree.data.demo import write_demo
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
+# Start-up check results, packed peer shards and the like go to a cache of the test session
+# (inherited by every subprocess), not into the user's ~/.cache.
+_CACHE = tempfile.TemporaryDirectory(prefix="stallfree-test-cache-")
+os.environ.setdefault("STALLFREE_CACHE", _CACHE.name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

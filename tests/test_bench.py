@@ -27,7 +27,8 @@ CPU = torch.device("cpu")
 def _fake_result() -> dict:
     records = []
     for repeat, scale in enumerate((1.0, 1.2, 0.9)):
-        for backend, ips in (("torch", 300), ("torch-naive", 200), ("dali", 400)):
+        for backend, ips in (("torch", 300), ("torch-naive", 200), ("dali", 400),
+                             ("peer-pil", 250), ("peer-webdataset", 240)):
             records.append({"backend": backend, "mode": "loader", "knob": None, "repeat": repeat,
                             "images_per_s": ips * scale, "cpu_cores": 1.9, "peak_pss_mb": 500})
         for backend, ips in (("synthetic", 98), ("bare-loop", 100)):
@@ -37,7 +38,8 @@ def _fake_result() -> dict:
                     "error": "RuntimeError: boom"})
     return {"machine": {"cpu": "Test CPU", "cores_available": 2, "gpu": None, "torch": "x",
                         "dali": None, "python": "3.11"},
-            "limit": {"images_per_s": 500.0, "cores": 2, "single_thread": {"pil": 250.0}, "runs": 3},
+            "limit": {"images_per_s": 500.0, "cores": 2, "single_thread": {"pil": 200.0, "fast": 250.0},
+                      "fastest": "fast", "spread": [450.0, 550.0], "runs": 3},
             "records": records,
             "config": {"repeats": 3, "warmup": 1, "batches": 2, "batch_size": 8, "model": "m",
                        "image_size": 32, "precision": "fp32", "data_root": "d"}}
@@ -53,6 +55,10 @@ def test_summary_takes_medians_and_ratios() -> None:
     assert measured["torch loader / torch-naive loader"] == pytest.approx(1.5)
     assert measured["dali loader / limit"] == pytest.approx(0.8)
     assert measured["synthetic train / bare loop"] == pytest.approx(0.98)
+    # Peers: x best peer beside x limit, and the targets' ratios named.
+    assert rows[("loader", "torch")]["of_peer"] == pytest.approx(1.2)
+    assert measured["torch loader / plain DataLoader + PIL (peer-pil)"] == pytest.approx(1.2)
+    assert measured["dali loader / fastest peer (peer-pil)"] == pytest.approx(1.6)
 
 
 def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
@@ -61,9 +67,10 @@ def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     names = {p.name for p in written}
     assert {"bench.json", "bench.md"} <= names
     saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["machine"]["cpu"] == "Test CPU" and len(saved["summary"]) == 5
+    assert saved["machine"]["cpu"] == "Test CPU" and len(saved["summary"]) == 7
     text = (tmp_path / "bench.md").read_text()
-    assert "| loader | **limit** | 2 cores | 500 |" in text
+    assert "| loader | **limit** (fast) | 2 cores | 500 (450-550) | 1.00 |" in text
+    assert "| loader | torch | auto | 300 | 0.60 | 1.20 |" in text
     assert "`stallfree bench x.toml`" in text and "RuntimeError: boom" in text
     pytest.importorskip("matplotlib")
     assert "bench.png" in names
@@ -76,7 +83,7 @@ def test_markdown_without_limit_or_train() -> None:
     result["records"] = [r for r in result["records"] if r["mode"] == "loader"]
     text = markdown(result, summarise(result))
     assert "**limit**" not in text and "/ limit" not in text
-    assert "| loader | torch | auto | 300 | - |" in text
+    assert "| loader | torch | auto | 300 | - | 1.20 |" in text
 
 
 def test_warmup_and_window_share_one_iterator(image_root: Path,
@@ -112,7 +119,30 @@ def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
     assert order == [(0, "torch", "0"), (0, "torch", "1"), (0, "synthetic", None),
                      (1, "torch", "0"), (1, "torch", "1"), (1, "synthetic", None)]
     assert all("error" not in r for r in result["records"]), result["records"]
-    assert result["limit"]["images_per_s"] > 0 and result["limit"]["runs"] == 2
+    limit = result["limit"]
+    assert limit["images_per_s"] > 0 and limit["runs"] == 2
+    # Every path the machine has, several passes each, and the spread of the fastest.
+    assert {"pil", "fast", "dali"} <= set(limit["single_thread"])
+    assert len(limit["passes"]["pil"]) == 2 * 3
+    low, high = limit["spread"]
+    assert low <= limit["images_per_s"] <= high
+
+
+@pytest.mark.parametrize("peer", ["peer-pil", "peer-webdataset"])
+def test_peers_load_the_same_files_as_ours(image_root: Path, peer: str) -> None:
+    from stallfree.bench import BENCH_BACKENDS
+
+    recipe = small_recipe(image_root, loader={"torch": {"workers": 1}})
+    loader = build_loader(recipe, "train", device=CPU, backend=BENCH_BACKENDS[peer][0])
+    try:
+        batches = list(loader)
+        assert len(batches) == len(loader) > 0
+        images, labels = batches[0]
+        assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32
+        assert -3 < float(images.mean()) < 3 and labels.dtype == torch.int64
+        assert len(list(loader)) == len(loader)  # a second epoch
+    finally:
+        loader.close()
 
 
 def test_bench_config_rejects_unknown_names() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -22,10 +21,12 @@ from typing import Any
 
 import torch
 
-from stallfree.train.precision import cpu_has_native_bf16
+from stallfree.bench_limit import dali_single_thread, measure_limit, median_limit
+from stallfree.bench_peers import PEERS, installed_peers
 from stallfree.bench_usage import ResourceSampler
+from stallfree.train.precision import cpu_has_native_bf16
 from stallfree.log import LOGGER
-from stallfree.data.dataset import Dataset, resolve_dataset
+from stallfree.data.dataset import Dataset
 from stallfree.data.loader import Batch, Loader, build_loader
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
@@ -36,13 +37,15 @@ BENCH_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dali": ("dali", ()), "dali-cpudecode": ("dali", ('loader.dali.decode="cpu"',)),
     "torch": ("torch", ()), "torch-naive": ("stallfree.data.naive:build", ()),
     "synthetic": ("synthetic", ()),
+    **{name: (target, ()) for name, (target, _) in PEERS.items()},  # the loaders users pick instead
 }
 MODES = ("loader", "train")
 
 
 @dataclass(kw_only=True, slots=True)
 class BenchConfig:
-    backends: list[str] = field(default_factory=lambda: ["dali", "torch", "torch-naive", "synthetic"])
+    backends: list[str] = field(default_factory=lambda: [
+        "dali", "torch", "torch-naive", "synthetic", *installed_peers()])
     modes: list[str] = field(default_factory=lambda: ["loader", "train"])
     repeats: int = 3
     warmup: int = 5  # batches (loader) or optimizer steps (train) not timed
@@ -245,50 +248,17 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def measure_limit(recipe: Recipe, sample: int = 48) -> dict[str, Any]:
-    """The CPU ceiling: cores x the single-thread rate of the fastest decode+crop+resize path.
-
-    PIL (with draft) is timed in this process on a spread sample of the training files; DALI's
-    CPU graph with one thread is timed in its own process when DALI is installed.
-    """
-    from stallfree.data.augment import train_transform
-
-    files = resolve_dataset(recipe.data).splits["train"].files
-    picked = files[:: max(1, len(files) // sample)][:sample]
-    for path in picked[:4]:  # warm the page cache and the decoder
-        train_transform(path, recipe.augment, 0)
-    started = time.perf_counter()
-    for i, path in enumerate(picked):
-        train_transform(path, recipe.augment, i)
-    rates = {"pil": len(picked) / (time.perf_counter() - started)}
+def _has_dali() -> bool:
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        pass
-    else:
-        single = recipe_from_dict(recipe.to_dict())
-        single.loader.dali.threads, single.train.batch_size, single.train.device = 1, 16, "cpu"
-        result = run_isolated("loader", single, "dali", warmup=1, batches=max(2, sample // 16))
-        if "images_per_s" in result:
-            rates["dali"] = result["images_per_s"]
-    cores = cpu_cores()
-    best = max(rates, key=rates.__getitem__)
-    return {"images_per_s": cores * rates[best], "cores": cores, "single_thread": rates,
-            "fastest": best}
-
-
-def _median_limit(limits: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if not limits:
-        return None
-    single = {k: statistics.median(l["single_thread"][k] for l in limits if k in l["single_thread"])
-              for k in limits[0]["single_thread"]}
-    return {"images_per_s": statistics.median(l["images_per_s"] for l in limits),
-            "cores": limits[0]["cores"], "single_thread": single, "runs": len(limits)}
+        return False
+    return True
 
 
 def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str]]]:
     """(label, recipe overrides) for each setting of `backend` that the sweep asks for."""
-    if backend in ("torch", "torch-naive") and cfg.workers:
+    if (backend in ("torch", "torch-naive") or backend.startswith("peer-")) and cfg.workers:
         return [(str(w), [f"loader.torch.workers={w}"]) for w in cfg.workers]
     if not backend.startswith("dali") or not (cfg.threads or cfg.hw_decoder_loads):
         return [(None, [])]
@@ -311,9 +281,11 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             for knob, sets in _variants(backend, cfg)]
     records: list[dict[str, Any]] = []
     limits: list[dict[str, Any]] = []
+    dali_rate = dali_single_thread(run_isolated) if _has_dali() else None
     for repeat in range(cfg.repeats):
         if recipe.data.root and "loader" in cfg.modes:
-            limits.append(measure_limit(recipe))  # interleaved too: the ceiling drifts as well
+            # Interleaved too: the ceiling drifts as well.
+            limits.append(measure_limit(recipe, dali_rate=dali_rate))
         for mode, backend, knob, sets in runs:
             loader_backend, overrides = BENCH_BACKENDS[backend]
             variant = apply_overrides(recipe.copy(), [*overrides, *sets])
@@ -326,7 +298,7 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             result = run_isolated("bare", recipe, "", cfg.warmup, cfg.batches)
             records.append({"backend": "bare-loop", "mode": "train", "knob": None,
                             "repeat": repeat, **result})
-    return {"machine": machine_info(), "limit": _median_limit(limits), "records": records,
+    return {"machine": machine_info(), "limit": median_limit(limits), "records": records,
             "config": {"repeats": cfg.repeats, "warmup": cfg.warmup, "batches": cfg.batches,
                        "batch_size": recipe.train.batch_size, "model": recipe.model.name,
                        "image_size": recipe.augment.image_size, "precision": recipe.train.precision,

@@ -19,6 +19,7 @@ def summarise(result: dict[str, Any]) -> list[dict[str, Any]]:
         if "error" not in record:
             groups[(record["mode"], record["backend"], record["knob"])].append(record)
     limit = (result.get("limit") or {}).get("images_per_s")
+    peer = best_peer(result["records"])
     rows = []
     for (mode, backend, knob), records in groups.items():
         row: dict[str, Any] = {"mode": mode, "backend": backend, "knob": knob, "runs": len(records)}
@@ -27,8 +28,22 @@ def summarise(result: dict[str, Any]) -> list[dict[str, Any]]:
             row[name] = statistics.median(values) if values else None
         real = mode == "loader" and backend != "synthetic"  # synthetic decodes nothing
         row["of_limit"] = row["images_per_s"] / limit if limit and real else None
+        row["of_peer"] = row["images_per_s"] / peer[1] if peer and real else None
         rows.append(row)
     return rows
+
+
+def best_peer(records: list[dict[str, Any]]) -> tuple[str, float] | None:
+    """(name, img/s) of the fastest peer loader (median over repeats, best knob), if any ran."""
+    runs: dict[tuple[str, Any], list[float]] = defaultdict(list)
+    for r in records:
+        if r["mode"] == "loader" and r["backend"].startswith("peer-") and "error" not in r:
+            runs[(r["backend"], r["knob"])].append(r["images_per_s"])
+    medians = {name: statistics.median(v) for (name, _), v in runs.items()}
+    if not medians:
+        return None
+    name = max(medians, key=medians.__getitem__)
+    return name, medians[name]
 
 
 def ratios(rows: list[dict[str, Any]], limit: float | None) -> dict[str, float]:
@@ -45,6 +60,13 @@ def ratios(rows: list[dict[str, Any]], limit: float | None) -> dict[str, float]:
                 out[f"{name} loader / limit"] = loader[name] / limit
     if "torch" in loader and loader.get("torch-naive"):
         out["torch loader / torch-naive loader"] = loader["torch"] / loader["torch-naive"]
+    peers = {b: v for b, v in loader.items() if b.startswith("peer-")}
+    for name in ("dali", "torch"):
+        if name in loader and peers.get("peer-pil"):
+            out[f"{name} loader / plain DataLoader + PIL (peer-pil)"] = loader[name] / peers["peer-pil"]
+        if name in loader and peers:
+            fastest = max(peers, key=peers.__getitem__)
+            out[f"{name} loader / fastest peer ({fastest})"] = loader[name] / peers[fastest]
     train = {b: v for (m, b), v in best.items() if m == "train"}
     if "synthetic" in train and train.get("bare-loop"):
         out["synthetic train / bare loop"] = train["synthetic"] / train["bare-loop"]
@@ -67,17 +89,19 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     ]
     if command:
         lines += ["", f"Command: `{command}`"]
-    lines += ["", "| mode | backend | workers/threads | img/s | x limit | data-wait | step ms "
-              "| CPU cores | peak PSS MB |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| mode | backend | workers/threads | img/s | x limit | x best peer | data-wait "
+              "| step ms | CPU cores | peak PSS MB |", "|---|---|---|---|---|---|---|---|---|---|"]
     if limit:
         single = ", ".join(f"{k} {v:.0f}/s" for k, v in limit["single_thread"].items())
-        lines.append(f"| loader | **limit** | {limit['cores']} cores | {limit['images_per_s']:.0f} "
-                     f"| 1.00 | | | | single thread: {single} |")
+        low, high = limit.get("spread", [limit["images_per_s"]] * 2)
+        lines.append(f"| loader | **limit** ({limit.get('fastest', '?')}) | {limit['cores']} cores "
+                     f"| {limit['images_per_s']:.0f} ({low:.0f}-{high:.0f}) | 1.00 | | | | "
+                     f"| single thread: {single} |")
     for row in sorted(rows, key=lambda r: (r["mode"], -(r["images_per_s"] or 0))):
         lines.append(
             f"| {row['mode']} | {row['backend']} | {row['knob'] if row['knob'] is not None else 'auto'} "
             f"| {_num(row['images_per_s'], '.0f')} | {_num(row['of_limit'], '.2f')} "
-            f"| {_pct(row['data_wait_frac'])} | {_num(row['step_ms'], '.1f')} "
+            f"| {_num(row.get('of_peer'), '.2f')} | {_pct(row['data_wait_frac'])} | {_num(row['step_ms'], '.1f')} "
             f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_pss_mb'], '.0f')} |")
     measured = ratios(rows, limit["images_per_s"] if limit else None)
     if measured:

@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
