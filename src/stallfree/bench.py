@@ -36,7 +36,7 @@ from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
 BENCH_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dali": ("dali", ()), "dali-cpudecode": ("dali", ('loader.dali.decode="cpu"',)),
     "torch": ("torch", ()), "torch-naive": ("stallfree.data.naive:build", ()),
-    "synthetic": ("synthetic", ()),
+    "synthetic": ("synthetic", ()), "synthetic-decode": ("synthetic-decode", ()),
     **{name: (target, ()) for name, (target, _) in PEERS.items()},  # the loaders users pick instead
 }
 MODES = ("loader", "train")

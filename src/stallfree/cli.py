@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
-from stallfree.data.registry import BACKENDS
+from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe
@@ -20,7 +20,7 @@ from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_over
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a recipe")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/demo.toml")
-    p.add_argument("--loader", help=f"loader backend: {' | '.join(BACKENDS)} | module:function")
+    p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
     p.add_argument("--epochs", type=int, help="number of epochs")
     p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
@@ -77,8 +77,10 @@ def _float_list(text: str) -> list[float]:
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="head-to-head loader and training benchmark")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
-    p.add_argument("--backends", default="dali,torch,torch-naive,synthetic",
-                   help="comma-separated: dali, dali-cpudecode, torch, torch-naive, synthetic")
+    p.add_argument("--backends",
+                   help="comma-separated: dali, dali-cpudecode, torch, torch-naive, synthetic, "
+                        "synthetic-decode, peer-pil, peer-webdataset, peer-torchvision (default: "
+                        "dali, torch, torch-naive, synthetic and the peers installed here)")
     p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
     p.add_argument("--no-progress", action="store_true",
@@ -98,7 +100,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 of a checkpoint on the val split (torchrun too)")
     p.add_argument("recipe", help="the recipe the checkpoint was trained with")
     p.add_argument("--checkpoint", required=True, help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)")
-    p.add_argument("--loader", help=f"loader backend: {' | '.join(BACKENDS)} | module:function")
+    p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
@@ -221,10 +223,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     apply_overrides(recipe, ([f"train.device={args.device}"] if args.device else []) + args.overrides)
-    config = BenchConfig(backends=[b for b in args.backends.split(",") if b],
-                         modes=[m for m in args.mode.split(",") if m], repeats=args.repeats,
+    config = BenchConfig(modes=[m for m in args.mode.split(",") if m], repeats=args.repeats,
                          warmup=args.warmup, batches=args.batches, workers=args.workers,
                          threads=args.threads, hw_decoder_loads=args.hw_decoder_load)
+    if args.backends:
+        config.backends = [b for b in args.backends.split(",") if b]
     try:
         config.validate()
     except ValueError as exc:

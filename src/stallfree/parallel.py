@@ -84,12 +84,13 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def cpu_workers(requested: int, local_world_size: int) -> int:
-    """`requested` when >= 0; else this rank's share of the cores, shared among the node's ranks.
+def cpu_workers(requested: int | str, local_world_size: int) -> int:
+    """`requested` when >= 0; else (-1, or an "auto" that was not measured) this rank's share
+    of the cores, shared among the node's ranks.
 
     One rule for DataLoader workers and DALI threads, so the head-to-head gives both backends
     the same CPU budget.
     """
-    if requested >= 0:
+    if isinstance(requested, int) and requested >= 0:
         return requested
     return max(1, min(16, cpu_cores() // max(1, local_world_size)))

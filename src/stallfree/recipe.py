@@ -123,14 +123,16 @@ class TrainConfig:
 class TorchLoaderConfig:
     """`[loader.torch]`: the DataLoader backend's own keys."""
 
-    workers: int = field(default=-1, metadata=_at_least(-1))  # -1: this rank's share of the cores
+    # -1: this rank's share of the cores; "auto": the fastest count near it, measured at start
+    workers: int | Literal["auto"] = field(default=-1, metadata=_at_least(-1))
 
 
 @dataclass(kw_only=True, slots=True)
 class DaliLoaderConfig:
     """`[loader.dali]`: the DALI backend's own keys."""
 
-    threads: int = field(default=-1, metadata=_at_least(-1))  # -1 or 0: this rank's share
+    # -1 or 0: this rank's share; "auto": the fastest count near it, measured at start
+    threads: int | Literal["auto"] = field(default=-1, metadata=_at_least(-1))
     device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
     decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
     hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder
@@ -138,7 +140,9 @@ class DaliLoaderConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LoaderConfig:
-    backend: str = "torch"
+    backend: str = "torch"  # dali | torch | synthetic | synthetic-decode | auto | module:function
+    # synthetic-decode: the pipeline that decodes the in-memory files ("auto": as --loader auto)
+    synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
     prefetch: int = field(default=2, metadata=_at_least(1))  # batches queued ahead
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)

@@ -124,7 +124,7 @@ class DaliLoader(ShardedLoader):
             raise BackendError("the dali backend needs a dataset listing (data.root)")
         opts = spec.loader.dali
         # DALI needs at least one thread: 0 means "derive it", like -1.
-        self.threads = cpu_workers(opts.threads if opts.threads > 0 else -1,
+        self.threads = cpu_workers(opts.threads if opts.threads != 0 else -1,
                                    spec.dist.local_world_size)
         # Sample i of the plan is listing entry kept[i] (all of them unless files are skipped).
         self._kept = _usable_ids(spec, self.threads)

@@ -16,11 +16,11 @@ import torch
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
-from stallfree.data.registry import BackendError, resolve_backend
+from stallfree.data.registry import AUTO, BackendError, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.data.startup import bad_headers_at_start
 from stallfree.parallel import DistInfo
-from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe
+from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe, apply_overrides
 
 
 class Batch(NamedTuple):
@@ -109,6 +109,9 @@ class Loader(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: loaders without workers have nothing to free
         """Release workers and pipelines."""
+
+    # What `workers`/`threads = "auto"` measured and chose (data/autotune.py), if anything.
+    autotune: dict[str, Any] | None = None
 
 
 class ShardedLoader(Loader):
@@ -200,4 +203,17 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         synthetic_samples=recipe.data.synthetic_samples,
         sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
     )
-    return resolve_backend(backend)(spec)
+    if backend == AUTO:
+        from stallfree.data.auto import choose_backend
+
+        backend, sets, _ = choose_backend(device, dist.local_world_size)
+        if sets:  # what --loader auto picked changes a key: build from the changed recipe
+            return build_loader(apply_overrides(recipe.copy(), sets), split, device=device,
+                                dist=dist, dataset=dataset, backend=backend)
+    from stallfree.data.autotune import autotuned  # it builds loaders itself
+
+    build = resolve_backend(backend)
+    spec, tuning = autotuned(spec, backend, build)
+    loader = build(spec)
+    loader.autotune = tuning
+    return loader

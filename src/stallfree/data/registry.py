@@ -21,7 +21,10 @@ BACKENDS: dict[str, str] = {
     "torch": "stallfree.data.torch_backend:build",
     "synthetic": "stallfree.data.synthetic:build",
     "dali": "stallfree.data.dali_backend:build",
+    "synthetic-decode": "stallfree.data.synthetic_decode:build",
 }
+# Resolved before any backend is built (stallfree.data.auto), so not a builder of its own.
+AUTO = "auto"
 
 
 def resolve_backend(name: str) -> Callable[..., Any]:

@@ -20,12 +20,16 @@ from stallfree.data.augment import train_transform, val_transform
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
-from stallfree.data.prefetch import DevicePrefetcher, Normaliser, NormalisingCollate, collate_uint8
+from stallfree.data.prefetch import DevicePrefetcher, NormalisingCollate, collate_uint8
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
 from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
+
+# The worker count is the user's or measured (workers = "auto" tries one more than the cores):
+# torch's advice to use fewer than the CPUs it counts is noise in either case.
+warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 # (path, augmentation spec, per-sample seed, max pixels) -> one decoded, augmented sample
 Transform = Callable[[str, AugmentConfig, int, int], Any]
@@ -176,8 +180,7 @@ def _tuned_path(spec: LoaderSpec) -> tuple[Collate, Callable[[Any], Iterator[Bat
     size, aug = spec.augment.image_size, spec.augment
     labels = torch.zeros(0, dtype=torch.int64)
     if spec.device.type == "cpu":
-        normaliser = Normaliser(aug.mean, aug.std, spec.dtype, spec.channels_last)
-        return (NormalisingCollate(normaliser), _as_batches,
+        return (NormalisingCollate(aug.mean, aug.std, spec.channels_last), _as_batches,
                 (torch.zeros((0, 3, size, size), dtype=spec.dtype), labels))
     return (collate_uint8,
             DevicePrefetcher(spec.device, aug.mean, aug.std, spec.dtype, spec.channels_last),

@@ -15,12 +15,13 @@ import numpy as np
 import torch
 
 from stallfree import __version__
+from stallfree.data.auto import choose_backend
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.loader import Loader, build_loader
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, JsonlSink, Sink, open_sinks, write_json_atomic
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, RecipeError, dump_toml, validate
+from stallfree.recipe import Recipe, RecipeError, apply_overrides, dump_toml, validate
 from stallfree.train.build import build_trainer, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, resolve_device, shutdown
@@ -48,7 +49,22 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
+    if recipe.loader.backend == "auto" or recipe.loader.synthetic_decode == "auto":
+        recipe = resolve_auto_loader(recipe, device, dist)
     return recipe, device
+
+
+def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:
+    """`loader.backend = "auto"` (and synthetic-decode's "auto") resolved for this device; the
+    choice and its reason are said once, and the run directory's recipe holds the choice."""
+    backend, sets, why = choose_backend(device, dist.local_world_size)
+    if recipe.loader.synthetic_decode == "auto":
+        recipe.loader.synthetic_decode = backend
+    if recipe.loader.backend == "auto":
+        recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])
+        if dist.rank == 0:
+            LOGGER.info(f"--loader auto: {backend} ({why})")
+    return recipe
 
 
 def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Dataset | None]:
@@ -102,6 +118,9 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             loaders[split] = build_loader(recipe, split, device=device, dist=dist, dataset=dataset)
         _check_batches(loaders["train"], recipe, dist, len(dataset.splits["train"]) if dataset
                        else recipe.data.synthetic_samples)
+        if dist.rank == 0 and loaders["train"].autotune:
+            run.path.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
         trainer = build_trainer(
             recipe, train_batches=len(loaders["train"]), device=device, dist=dist,
             num_classes=recipe.model.num_classes or (

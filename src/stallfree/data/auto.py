@@ -1,0 +1,73 @@
+"""`--loader auto`: the fallback chain, decided once per run and said in its start line.
+
+1. On a GPU, `dali` with nvJPEG when a one-image `mixed` decode really runs on the GPU
+   (the probe `stallfree doctor` runs: DALI falls back to the CPU with only a warning).
+2. On a GPU whose nvJPEG path fails, `dali` decoding on the CPU and augmenting on the GPU,
+   when this rank has at least `_DALI_CPU_MIN_CORES` cores: DALI's CPU decode needs threads
+   to keep a GPU busy, and with fewer the torch backend's workers do as well.
+3. On a CPU run, the faster CPU path as measured by `stallfree bench` (see `CPU_CHOICE`).
+4. Otherwise `torch`, which needs nothing beyond torch and Pillow.
+
+Both backends follow the same sample order and the same augmentation recipe, so the choice
+changes speed, not what is trained on (the pixels of a random crop differ, their distribution
+does not; the val pixels agree to within 2 grey levels).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+import torch
+
+from stallfree.parallel import cpu_workers
+
+_DALI_CPU_MIN_CORES = 4
+# The CPU loader that measured faster in `stallfree bench` on the developers' machine
+# (benchmarks/RESULTS.md, 2-core EPYC): the torch backend, once it decoded with libjpeg-turbo,
+# resized with torch's uint8 kernel and normalised in its workers.
+CPU_CHOICE = "torch"
+
+
+@lru_cache(maxsize=1)
+def _dali_problem() -> str | None:
+    """Why DALI cannot be used here, or None when it imports."""
+    try:
+        importlib.import_module("nvidia.dali")
+        importlib.import_module("nvidia.dali.plugin.pytorch")
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not DALI"
+        return f"DALI does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+@lru_cache(maxsize=4)
+def _gpu_decode_problem(device_index: int) -> str | None:
+    """Why nvJPEG decode does not run on this GPU, or None when a one-image probe did."""
+    from stallfree.data.dali_probe import probe_gpu_decode
+
+    with torch.cuda.device(device_index):
+        ok, said = probe_gpu_decode()
+    return None if ok else said
+
+
+def choose_backend(device: torch.device, local_world_size: int = 1) -> tuple[str, list[str], str]:
+    """(backend, recipe overrides, why) for `--loader auto` on this device."""
+    dali_problem = _dali_problem()
+    if device.type == "cuda":
+        if dali_problem is None:
+            gpu_problem = _gpu_decode_problem(device.index or 0)
+            if gpu_problem is None:
+                return "dali", [], "DALI decodes on this GPU (nvJPEG probe passed)"
+            cores = cpu_workers(-1, local_world_size)
+            if cores >= _DALI_CPU_MIN_CORES:
+                return ("dali", ['loader.dali.decode="cpu"'],
+                        f"nvJPEG failed ({gpu_problem}); DALI decodes on {cores} CPU cores "
+                        "and augments on the GPU")
+            return "torch", [], (f"nvJPEG failed ({gpu_problem}) and {cores} core(s) per rank "
+                                 f"are under {_DALI_CPU_MIN_CORES} for DALI's CPU decode")
+        return "torch", [], f"no GPU decode: {dali_problem}"
+    if CPU_CHOICE == "dali" and dali_problem is None:
+        return "dali", [], "CPU run: DALI's CPU graph measured fastest here"
+    if CPU_CHOICE == "dali":
+        return "torch", [], f"CPU run: {dali_problem}"
+    return "torch", [], "CPU run: the torch backend measured fastest on CPUs (benchmarks/RESULTS.md)"

@@ -1,0 +1,95 @@
+"""`loader.torch.workers = "auto"` and `loader.dali.threads = "auto"`: measured, not guessed.
+
+At start, before the first step, the loader is built with each candidate count around this
+rank's share of the cores (share - 1, share, share + 1) and timed over a few hundred images
+of the training split; the fastest count is kept for every split of the run. All ranks of a
+node measure at once, so each count is timed under the contention it will train under.
+The figures go into the run directory (autotune.json) and the log.
+
+Candidates start after their first batch (worker or pipeline start-up is paid once per run,
+not per batch). Measuring costs a few seconds; the choice is kept for this process, so the val
+loader, a bench repeat or an evaluation reuse it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stallfree.data.loader import Loader, LoaderSpec
+from stallfree.log import LOGGER
+from stallfree.parallel import cpu_workers
+
+IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
+_chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+
+# backend -> (recipe key, getter, setter) of the count it tunes
+KNOBS: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any, int], None]]] = {
+    "torch": ("loader.torch.workers", lambda c: c.torch.workers,
+              lambda c, n: setattr(c.torch, "workers", n)),
+    "dali": ("loader.dali.threads", lambda c: c.dali.threads,
+             lambda c, n: setattr(c.dali, "threads", n)),
+}
+
+
+def candidates(local_world_size: int) -> list[int]:
+    """Counts around this rank's share of the cores (never 0: the main process trains)."""
+    share = cpu_workers(-1, local_world_size)
+    return sorted({max(1, share - 1), share, share + 1})
+
+
+def _rate(loader: Loader, batch_size: int, batches: int) -> float:
+    """Images/s after the first batch (start-up), over `batches` more."""
+    iterator = iter(loader)
+    next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * batch_size / (time.perf_counter() - started)
+
+
+def autotuned(spec: LoaderSpec, backend: str,
+              build: Callable[[LoaderSpec], Loader]) -> tuple[LoaderSpec, dict[str, Any] | None]:
+    """`spec` with its "auto" count replaced by the measured best, and the figures (None when
+    nothing was "auto")."""
+    if backend not in KNOBS or KNOBS[backend][1](spec.loader) != "auto":
+        return spec, None
+    key, _, set_count = KNOBS[backend]
+    cache_key = (backend, spec.dist.local_world_size)
+    if cache_key not in _chosen:
+        _chosen[cache_key] = _measure(spec, build, key, set_count)
+    chosen, figures = _chosen[cache_key]
+    loader_config = copy.deepcopy(spec.loader)
+    set_count(loader_config, chosen)
+    return dataclasses.replace(spec, loader=loader_config), figures
+
+
+def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], key: str,
+             set_count: Callable[[Any, int], None]) -> tuple[int, dict[str, Any]]:
+    rates: dict[int, float] = {}
+    started = time.perf_counter()
+    for count in candidates(spec.dist.local_world_size):
+        config = copy.deepcopy(spec.loader)
+        set_count(config, count)
+        loader = build(dataclasses.replace(spec, loader=config))
+        try:
+            batches = min(max(2, math.ceil(IMAGES / spec.batch_size)), len(loader) - 1)
+            if batches < 1:  # a split too small to time: this rank's share, unmeasured
+                share = cpu_workers(-1, spec.dist.local_world_size)
+                return share, {"key": key, "chosen": share, "note": "too few batches to time"}
+            rates[count] = _rate(loader, spec.batch_size, batches)
+        finally:
+            loader.close()
+    chosen = max(rates, key=rates.__getitem__)
+    figures = {"key": key, "chosen": chosen,
+               "images_per_s": {str(k): round(v, 1) for k, v in rates.items()},
+               "images_each": batches * spec.batch_size,
+               "seconds": round(time.perf_counter() - started, 1)}
+    if spec.dist.rank == 0:
+        LOGGER.info(f"{key} = auto: {chosen} ("
+                    + ", ".join(f"{k}: {v:.0f} img/s" for k, v in rates.items()) + ")")
+    return chosen, figures

@@ -1,0 +1,122 @@
+"""--loader auto (the fallback chain), workers/threads = "auto", and synthetic-decode."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import stallfree.data.auto as auto
+import stallfree.data.autotune as autotune
+from helpers import small_recipe
+from stallfree.data.loader import build_loader
+from stallfree.parallel import DistInfo
+from stallfree.train.run import prepare_recipe, train
+
+CPU = torch.device("cpu")
+GPU = torch.device("cuda", 0)  # a device object only: nothing runs on it
+
+
+@pytest.fixture
+def fake_machine(monkeypatch: pytest.MonkeyPatch):
+    """Set what the chain sees: DALI's import problem, the GPU probe's, the cores per rank."""
+    def setup(dali: str | None, gpu: str | None, cores: int) -> None:
+        monkeypatch.setattr(auto, "_dali_problem", lambda: dali)
+        monkeypatch.setattr(auto, "_gpu_decode_problem", lambda index: gpu)
+        monkeypatch.setattr(auto, "cpu_workers", lambda requested, ranks: cores)
+    return setup
+
+
+@pytest.mark.parametrize("dali, gpu, cores, expected", [
+    (None, None, 2, ("dali", [])),  # nvJPEG works
+    (None, "nvjpeg did not load", 8, ("dali", ['loader.dali.decode="cpu"'])),
+    (None, "nvjpeg did not load", 2, ("torch", [])),  # too few cores for DALI's CPU decode
+    ("DALI does not import", None, 8, ("torch", [])),
+])
+def test_the_fallback_chain_on_a_gpu(fake_machine, dali, gpu, cores, expected) -> None:
+    fake_machine(dali, gpu, cores)
+    backend, sets, why = auto.choose_backend(GPU)
+    assert (backend, sets) == expected
+    assert why and (gpu is None or gpu in why or dali in why)
+
+
+def test_auto_on_a_cpu_run_is_resolved_once_and_said(image_root: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    recipe = small_recipe(image_root, loader={"backend": "auto"})
+    with caplog.at_level(logging.INFO, logger="stallfree"):
+        resolved, device = prepare_recipe(recipe, DistInfo())
+    assert resolved.loader.backend == auto.CPU_CHOICE
+    assert f"--loader auto: {auto.CPU_CHOICE} (CPU run" in caplog.text
+    # build_loader takes "auto" too (a library user without prepare_recipe).
+    loader = build_loader(recipe, "val", device=device)
+    assert len(list(loader)) == len(loader) == 4
+    loader.close()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_auto_counts_are_measured_and_kept(image_root: Path, backend: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autotune, "_chosen", {})
+    table = "workers" if backend == "torch" else "threads"
+    recipe = small_recipe(image_root, loader={"backend": backend, backend: {table: "auto"}})
+    loader = build_loader(recipe, "train", device=CPU)
+    figures = loader.autotune
+    assert figures is not None and figures["key"] == f"loader.{backend}.{table}"
+    assert set(figures["images_per_s"]) == {str(n) for n in autotune.candidates(1)}
+    assert all(rate > 0 for rate in figures["images_per_s"].values())
+    assert str(figures["chosen"]) == max(figures["images_per_s"], key=figures["images_per_s"].get)
+    assert len(list(loader)) == len(loader)
+    loader.close()
+    # The val loader of the same run reuses the choice instead of measuring again.
+    monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured twice"))
+    val = build_loader(recipe, "val", device=CPU)
+    assert val.autotune == figures
+    val.close()
+
+
+def test_a_run_with_auto_workers_writes_its_figures(image_root: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autotune, "_chosen", {})
+    recipe = small_recipe(image_root, loader={"torch": {"workers": "auto"}})
+    train(recipe, tmp_path / "run", progress=False)
+    figures = json.loads((tmp_path / "run" / "autotune.json").read_text())
+    assert figures["key"] == "loader.torch.workers" and figures["chosen"] in (1, 2, 3)
+    assert 'workers = "auto"' in (tmp_path / "run" / "recipe.toml").read_text()
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_synthetic_decode_runs_the_real_pipeline_on_copies_in_memory(image_root: Path,
+                                                                     backend: str) -> None:
+    """With fewer files than it holds, synthetic-decode's val epoch is the real one, pixel
+    for pixel; the copies are in RAM and gone after close()."""
+    recipe = small_recipe(image_root, loader={"backend": "synthetic-decode",
+                                              "synthetic_decode": backend})
+    loader = build_loader(recipe, "val", device=CPU)
+    folder = loader.folder
+    assert folder.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
+    assert len(os.listdir(folder)) == 30
+    fake = list(loader)
+    loader.close()
+    assert not os.path.exists(folder)
+    recipe.loader.backend = backend
+    real_loader = build_loader(recipe, "val", device=CPU)
+    real = list(real_loader)
+    real_loader.close()
+    assert len(fake) == len(real)
+    for a, b in zip(fake, real):
+        assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
+
+
+def test_synthetic_decode_names_the_users_file(tmp_path: Path) -> None:
+    from test_loaders import _root_with_one_bad_file, _bomb_jpeg
+    from stallfree.data.imageio import BadImageError
+
+    bad = _root_with_one_bad_file(tmp_path, "3.jpg", _bomb_jpeg(), "train")
+    recipe = small_recipe(tmp_path, loader={"backend": "synthetic-decode"})
+    with pytest.raises(BadImageError) as info:
+        build_loader(recipe, "train", device=CPU)
+    assert info.value.path == str(bad)
