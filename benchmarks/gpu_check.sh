@@ -3,7 +3,8 @@
 # about 5 minutes), from a copied tree: nothing is built or downloaded.
 #   0. `stallfree doctor`: torch, GPUs, DALI, nvImageCodec, nvjpeg, a one-image mixed decode;
 #   1. the @pytest.mark.gpu tests (nvJPEG decoder, CUDA outputs, prefetcher, precision auto);
-#   2. a loader-only bench: dali (nvJPEG, mixed), dali-cpudecode, torch, synthetic;
+#   2. a loader-only bench: dali (nvJPEG, mixed), dali-cpudecode, torch, synthetic, and the
+#      peers peer-pil and peer-torchvision (where torchvision imports);
 #   3. a train-mode bench: ResNet-50, bf16, channels_last, data-wait per backend.
 # It prints one table last and writes $OUT_DIR/{loader,train}/bench.json.
 #
@@ -23,7 +24,7 @@
 # fell back to the CPU (nvjpeg did not load), so the "GPU" figures would be CPU decodes.
 # DEVICE=cpu MODEL=small_cnn TRAIN_BATCH=8 dry-runs the script on a machine without a GPU.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-runs/gpu_check}
 DATA=${DATA:-data/gpu_check}
@@ -68,6 +69,12 @@ elif [ "$REQUIRE_DALI" = 1 ]; then
 else
   dali=0; backends="torch,synthetic"
   say "nvidia-dali does not import: only torch and synthetic run; the DALI GPU path goes untested"
+fi
+# The loaders people would pick instead, on the same files: a plain DataLoader with PIL, and
+# torchvision's decode + transforms v2 where torchvision imports (the NVIDIA container).
+backends="$backends,peer-pil"
+if $PY -c "import torchvision.io, torchvision.transforms.v2" 2>/dev/null; then
+  backends="$backends,peer-torchvision"
 fi
 
 status=0

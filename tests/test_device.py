@@ -113,3 +113,25 @@ def test_gpu_precision_auto_and_cudnn_benchmark(image_root: Path, tmp_path: Path
     summary = train(recipe, tmp_path / "run", progress=False)
     assert summary["precision"] in ("bf16", "fp16") and summary["device"].startswith("cuda")
     assert torch.backends.cudnn.benchmark
+
+
+@pytest.mark.parametrize("in_worker", [False, True])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_worker_normalisation_equals_the_device_one(monkeypatch: pytest.MonkeyPatch,
+                                                    in_worker: bool, channels_last: bool) -> None:
+    """A CPU run normalises in the workers (into shared memory there): the same numbers and
+    layout as the GPU path's batch normalisation."""
+    import numpy as np
+
+    import stallfree.data.prefetch as prefetch
+    from stallfree.data.prefetch import Normaliser, NormalisingCollate, collate_uint8
+
+    monkeypatch.setattr(prefetch, "get_worker_info", lambda: object() if in_worker else None)
+    rng = np.random.default_rng(0)
+    items = [(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8), i) for i in range(5)]
+    images, labels = NormalisingCollate(MEAN, STD, channels_last)(items)
+    expected = Normaliser(MEAN, STD, torch.float32, channels_last)(collate_uint8(items)[0])
+    assert torch.allclose(images, expected, atol=1e-6) and images.shape == (5, 3, 12, 10)
+    assert images.is_contiguous(memory_format=torch.channels_last if channels_last
+                                else torch.contiguous_format)
+    assert images.is_shared() == in_worker and labels.tolist() == [0, 1, 2, 3, 4]

@@ -36,6 +36,8 @@ from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
 BENCH_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dali": ("dali", ()), "dali-cpudecode": ("dali", ('loader.dali.decode="cpu"',)),
     "torch": ("torch", ()), "torch-naive": ("stallfree.data.naive:build", ()),
+    # The torch backend's worker output on a GPU run (uint8, normalised on the GPU), on a CPU.
+    "torch-uint8": ("stallfree.data.torch_backend:build_uint8", ()),
     "synthetic": ("synthetic", ()), "synthetic-decode": ("synthetic-decode", ()),
     **{name: (target, ()) for name, (target, _) in PEERS.items()},  # the loaders users pick instead
 }
@@ -258,7 +260,7 @@ def _has_dali() -> bool:
 
 def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str]]]:
     """(label, recipe overrides) for each setting of `backend` that the sweep asks for."""
-    if (backend in ("torch", "torch-naive") or backend.startswith("peer-")) and cfg.workers:
+    if (backend.startswith("torch") or backend.startswith("peer-")) and cfg.workers:
         return [(str(w), [f"loader.torch.workers={w}"]) for w in cfg.workers]
     if not backend.startswith("dali") or not (cfg.threads or cfg.hw_decoder_loads):
         return [(None, [])]

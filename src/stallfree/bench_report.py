@@ -55,7 +55,7 @@ def ratios(rows: list[dict[str, Any]], limit: float | None) -> dict[str, float]:
     out: dict[str, float] = {}
     loader = {b: v for (m, b), v in best.items() if m == "loader"}
     if limit:
-        for name in ("dali", "torch"):
+        for name in ("dali", "torch", "torch-uint8"):
             if name in loader:
                 out[f"{name} loader / limit"] = loader[name] / limit
     if "torch" in loader and loader.get("torch-naive"):

@@ -78,7 +78,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="head-to-head loader and training benchmark")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
     p.add_argument("--backends",
-                   help="comma-separated: dali, dali-cpudecode, torch, torch-naive, synthetic, "
+                   help="comma-separated: dali, dali-cpudecode, torch, torch-uint8, torch-naive, "
+                        "synthetic, "
                         "synthetic-decode, peer-pil, peer-webdataset, peer-torchvision (default: "
                         "dali, torch, torch-naive, synthetic and the peers installed here)")
     p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")

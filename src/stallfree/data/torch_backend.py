@@ -225,3 +225,13 @@ class _Checked:
 def build(spec: LoaderSpec) -> Loader:
     """Registry entry point for `--loader torch`."""
     return TorchLoader(spec)
+
+
+def build_uint8(spec: LoaderSpec) -> Loader:
+    """The bench's `torch-uint8`: what the workers of a GPU run deliver (uint8 NHWC batches,
+    normalised later on the GPU), measured on a CPU. Not a training backend: its images are
+    not normalised."""
+    size = spec.augment.image_size
+    return TorchLoader(spec, collate=collate_uint8, to_device=_as_batches,
+                       empty=(torch.zeros((0, size, size, 3), dtype=torch.uint8),
+                              torch.zeros(0, dtype=torch.int64)))
