@@ -123,7 +123,7 @@ def pil_crop(img: Image.Image, aug: AugmentConfig) -> torch.Tensor:
     img = img.resize((aug.image_size,) * 2, Image.BILINEAR, box=(left, top, left + w, top + h))
     if random.random() < aug.hflip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return _normalise(np.asarray(img), aug)
+    return _normalise(np.array(img), aug)  # a copy, as ToTensor makes: asarray is read-only
 
 
 class _PilFiles(torch.utils.data.Dataset):
