@@ -45,7 +45,16 @@ KINDS = {
     "optimized_odd_size": lambda: ({"optimize": True}, _photo(333, 257)),
     "grey": lambda: ({}, _photo().convert("L")),
     "restart_markers": lambda: ({"restart_marker_blocks": 4}, _photo()),
+    "exif_upright": lambda: ({"exif": _exif({0x0112: 1, 0x010F: "camera"})}, _photo()),
+    "exif_without_orientation": lambda: ({"exif": _exif({0x010F: "camera"})}, _photo()),
 }
+
+
+def _exif(tags: dict[int, object]) -> bytes:
+    exif = Image.Exif()
+    for tag, value in tags.items():
+        exif[tag] = value
+    return exif.tobytes()
 
 
 def _both(fn, path: Path, *args: object, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
@@ -88,16 +97,16 @@ def test_a_dct_scaled_crop_matches_pil_draft(tmp_path: Path, monkeypatch: pytest
         assert np.abs(fast - slow).mean() < 1.0, seed
 
 
-@pytest.mark.parametrize("kind", ["cmyk", "exif_rotated", "png_named_jpg"])
+@pytest.mark.parametrize("kind", ["cmyk", "exif_rotated", "exif_unreadable", "png_named_jpg"])
 def test_files_the_fast_path_cannot_take_go_to_pil(tmp_path: Path, kind: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     image = _photo()
     if kind == "cmyk":
         path = _jpeg(tmp_path, kind, image.convert("CMYK"))
     elif kind == "exif_rotated":
-        exif = Image.Exif()
-        exif[0x0112] = 6
-        path = _jpeg(tmp_path, kind, image, exif=exif.tobytes())
+        path = _jpeg(tmp_path, kind, image, exif=_exif({0x0112: 6}))
+    elif kind == "exif_unreadable":  # an IFD offset past the block: PIL decides
+        path = _jpeg(tmp_path, kind, image, exif=b"Exif\x00\x00II*\x00\xff\xff\x00\x00")
     else:
         path = tmp_path / "png.jpg"
         image.save(path, "PNG")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from stallfree.data.headers import jpeg_header_walk, read_bytes
+from stallfree.data.headers import jpeg_exif_orientation, jpeg_header_walk, read_bytes
 from stallfree.data.imageio import decode_rgb, open_lazy
 
 try:
@@ -32,7 +32,6 @@ except ImportError:  # optional: PIL decodes the same pixels, ~15% slower
 # Colour spaces whose JPEG data simplejpeg turns into the same RGB as PIL (CMYK and YCCK go to
 # PIL, which applies Adobe's inversion).
 _FAST_COLORSPACES = frozenset({"YCbCr", "Gray", "RGB"})
-_EXIF = b"\xff\xe1"  # APP1, where EXIF (and its orientation) lives
 
 
 @dataclass(slots=True)
@@ -69,15 +68,15 @@ def open_image(path: str, max_pixels: int) -> Opened:
 
 
 def _open_plain_jpeg(path: str, max_pixels: int) -> Opened | None:
-    """A JPEG that simplejpeg decodes exactly as PIL would, from its bytes alone: no EXIF (so
-    upright), 8-bit YCbCr/grey/RGB, a header DALI parses, within the pixel limit. None sends
-    the file down PIL's path, which names whatever is wrong with it."""
+    """A JPEG that simplejpeg decodes exactly as PIL would, from its bytes alone: upright (no
+    EXIF rotation), 8-bit YCbCr/grey/RGB, a header DALI parses, within the pixel limit. None
+    sends the file down PIL's path, which names whatever is wrong with it."""
     data = read_bytes(path)
     if data[:3] != b"\xff\xd8\xff":
         return None
     problem, header_end = jpeg_header_walk(data[:1 << 16])
-    if problem or _EXIF in data[:header_end]:
-        return None
+    if problem or jpeg_exif_orientation(data[:header_end]) != 1:
+        return None  # PIL names the problem, or applies the rotation
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:

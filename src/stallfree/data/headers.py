@@ -81,6 +81,28 @@ def jpeg_header_walk(data: bytes) -> tuple[str, int]:
     return "", len(data)
 
 
+def jpeg_exif_orientation(header: bytes) -> int | None:
+    """The EXIF orientation (1-8) in a JPEG's header segments, 1 when there is no EXIF, None
+    when an EXIF block is there but cannot be read (the caller then asks PIL)."""
+    pos = header.find(b"Exif\x00\x00")
+    if pos < 0:
+        return 1
+    tiff = header[pos + 6:]
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return None
+    try:
+        (ifd,) = struct.unpack(order + "I", tiff[4:8])
+        (count,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
+        for i in range(count):
+            tag, kind, _, value = struct.unpack(order + "HHI4s", tiff[ifd + 2 + 12 * i:ifd + 14 + 12 * i])
+            if tag == 0x0112:  # Orientation, a SHORT held in the entry itself
+                return struct.unpack(order + "H", value[:2])[0] if kind == 3 else None
+    except struct.error:
+        return None  # a truncated or broken block
+    return 1
+
+
 def webp_is_lossless(path: str) -> bool:
     """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
     with io.BytesIO(read_bytes(path, 1 << 16)) as f:
