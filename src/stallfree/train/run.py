@@ -49,7 +49,8 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
-    if recipe.loader.backend == "auto" or recipe.loader.synthetic_decode == "auto":
+    if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
+                                           and recipe.loader.synthetic_decode == "auto"):
         recipe = resolve_auto_loader(recipe, device, dist)
     return recipe, device
 
@@ -58,7 +59,7 @@ def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) ->
     """`loader.backend = "auto"` (and synthetic-decode's "auto") resolved for this device; the
     choice and its reason are said once, and the run directory's recipe holds the choice."""
     backend, sets, why = choose_backend(device, dist.local_world_size)
-    if recipe.loader.synthetic_decode == "auto":
+    if recipe.loader.backend == "synthetic-decode":
         recipe.loader.synthetic_decode = backend
     if recipe.loader.backend == "auto":
         recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])
