@@ -88,7 +88,7 @@ def make_file_list(root: Path, n: int, classes: int) -> Path:
 
 def _child(args: argparse.Namespace) -> None:
     """One measurement in a fresh process; prints one JSON line."""
-    import torch  # noqa: F401 - the baseline includes what a run imports anyway
+    import torch
 
     from stallfree.data.dataset import resolve_dataset
     from stallfree.data.loader import build_loader

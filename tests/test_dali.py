@@ -18,10 +18,10 @@ CPU = torch.device("cpu")
 RAW_PIXELS = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}  # "normalised" = uint8 values
 
 
-def _all(recipe, split: str, backend: str, dist: DistInfo = DistInfo(), epoch: int = 0,
+def _all(recipe, split: str, backend: str, dist: DistInfo | None = None, epoch: int = 0,
          device: torch.device = CPU) -> tuple[torch.Tensor, torch.Tensor]:
     recipe.loader.backend = backend
-    loader = build_loader(recipe, split, device=device, dist=dist)
+    loader = build_loader(recipe, split, device=device, dist=dist or DistInfo())
     loader.set_epoch(epoch)
     batches = list(loader)
     loader.close()

@@ -36,7 +36,7 @@ def _dali(paths: list[Path], aug: AugmentConfig | None = None) -> list[np.ndarra
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def(batch_size=len(paths), num_threads=1, device_id=None)
-    def pipe():  # noqa: ANN202 (a DALI graph)
+    def pipe():  # a DALI graph
         data, _ = fn.readers.file(files=[str(p) for p in paths])
         images = fn.decoders.image(data, device="cpu", output_type=types.RGB)
         if aug is not None:

@@ -94,7 +94,8 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     reference = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
          "-m", "stallfree", "train", str(path), "--out", str(tmp_path / "reference"),
-         "--no-progress"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "reference.log", "w"),
+         "--no-progress"], stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "reference.log", "w"),  # noqa: SIM115 - the child holds it
         env=env)
     # slurmctld checks time limits every 30 s, so every requeued run of a 1-minute job would be
     # signalled again ~15 s in. Once the first signal has been honoured, the job gets a 5-minute

@@ -78,7 +78,7 @@ def measure_limit(recipe: Recipe, sample: int = 200, passes: int = 3,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core's rate: torch's resize would otherwise use them all
     try:
-        for name, transform in paths.items():  # warm the page cache and every decoder
+        for transform in paths.values():  # warm the page cache and every decoder
             for path in picked[:8]:
                 transform(path, 0)
         for _ in range(passes):

@@ -101,7 +101,8 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
         lines.append(
             f"| {row['mode']} | {row['backend']} | {row['knob'] if row['knob'] is not None else 'auto'} "
             f"| {_num(row['images_per_s'], '.0f')} | {_num(row['of_limit'], '.2f')} "
-            f"| {_num(row.get('of_peer'), '.2f')} | {_pct(row['data_wait_frac'])} | {_num(row['step_ms'], '.1f')} "
+            f"| {_num(row.get('of_peer'), '.2f')} | {_pct(row['data_wait_frac'])} "
+            f"| {_num(row['step_ms'], '.1f')} "
             f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_pss_mb'], '.0f')} |")
     measured = ratios(rows, limit["images_per_s"] if limit else None)
     if measured:

@@ -100,7 +100,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 of a checkpoint on the val split (torchrun too)")
     p.add_argument("recipe", help="the recipe the checkpoint was trained with")
-    p.add_argument("--checkpoint", required=True, help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)")
+    p.add_argument("--checkpoint", required=True,
+                   help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)")
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -152,7 +153,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
-    out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{stamp}"
     # Slurm's SIGUSR1 ("time is nearly up") during start-up (imports, listing, checks) is kept
     # and honoured after the first step: save, then requeue; one after the run has finished is
     # only remembered (main's handler), so the job does not end "killed by signal". SIGTERM and

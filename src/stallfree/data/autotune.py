@@ -18,11 +18,13 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stallfree.data.loader import Loader, LoaderSpec
 from stallfree.log import LOGGER
 from stallfree.parallel import cpu_workers
+
+if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
+    from stallfree.data.loader import Loader, LoaderSpec
 
 IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
 _chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}

@@ -2,21 +2,28 @@
 
 A file the checker passes is one both loaders decode (the same `imageio` rules, full decode, not
 just the header), so its clean list (`--write-list`) is safe for `data.file_list` under either.
+
+On tar shards it does the full job a start cannot afford. For shards of `stallfree data pack`:
+every shard's SHA-256 against the manifest, the structure and every `.cls` against the
+manifest's labels (what a start checks once), and every member decoded. For other WebDataset
+shards: the labels read from `.cls` and every member decoded.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallfree.data.dataset import SPLITS, DatasetError
-from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.startup import decode_all
 from stallfree import __version__
+from stallfree.data.imageio import IMAGE_EXTENSIONS
+from stallfree.data.listing import SPLITS, Dataset, DatasetError
+from stallfree.data.pack import file_sha256
+from stallfree.data.startup import decode_all
 from stallfree.parallel import cpu_cores
-from stallfree.recipe import DEFAULT_MAX_PIXELS
+from stallfree.recipe import DEFAULT_MAX_PIXELS, DataConfig
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
 KINDS = ("zero bytes", "not an image", "truncated", "over the pixel limit",
@@ -87,8 +94,6 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     root = Path(root)
     if (root / "manifest.json").is_file() or any(root.glob("train*.tar")) or \
             any((root / "train").glob("*.tar")):
-        from stallfree.data.check_shards import check_shards
-
         return check_shards(root, workers=cpu_cores() if workers < 1 else workers,
                             max_pixels=max_pixels, progress=progress)
     files = _files(root)
@@ -125,3 +130,51 @@ def summary(report: CheckReport) -> str:
     for name in bad_classes:
         lines.append(f"  {name}: {report.per_class_bad[name]} of {report.per_class[name]} bad")
     return "\n".join(lines)
+
+
+def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
+    manifest_path = root / "manifest.json"
+    if not manifest_path.is_file():
+        return []  # other people's shards: no checksums to compare
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
+    except (ValueError, KeyError, TypeError):
+        return []  # resolve_dataset names what is wrong with the manifest
+    problems = []
+    for entry in shards:
+        shard = root / Path(str(entry.get("name", ""))).name
+        if shard.is_file() and file_sha256(shard) != entry.get("sha256"):
+            problems.append((shard, "shard: SHA-256 differs from the manifest's: not the shard "
+                                    "that was packed (re-pack, or restore it)"))
+    return problems
+
+
+def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
+    """Check the shards at ROOT whole; every problem names the shard (and member)."""
+    from stallfree.data.dataset import resolve_dataset  # ours or other people's shards
+
+    report = CheckReport(root=root, max_pixels=max_pixels)
+    started = time.perf_counter()
+    report.bad += _checksum_problems(root)
+    try:
+        dataset: Dataset = resolve_dataset(DataConfig(root=str(root), format="tar"))
+    except DatasetError as exc:
+        report.bad.append((root, f"shard: {exc}"))
+        report.seconds = time.perf_counter() - started
+        return report
+    for split in SPLITS:
+        listing = dataset.splits[split]
+        paths = listing.files
+        reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root} {split}",
+                             progress=progress)
+        for path, label, reason in zip(paths, listing.labels.tolist(), reasons):
+            name = f"{split}/{dataset.classes[label]}"
+            report.per_class[name] += 1
+            if reason is None:
+                report.good.append(Path(path))
+            else:
+                report.bad.append((Path(path), reason))
+                report.per_class_bad[name] += 1
+    report.seconds = time.perf_counter() - started
+    return report

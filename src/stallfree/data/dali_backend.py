@@ -49,7 +49,7 @@ except ImportError as exc:  # only raised when --loader dali is chosen
         "(or pip install nvidia-dali-cuda120; dali-cuda130 for a CUDA 13 torch)"
     ) from exc
 
-from stallfree.data.dali_probe import (  # noqa: E402 - needs DALI, checked just above
+from stallfree.data.dali_probe import (
     environment_problem, first_cause, first_undecodable)
 
 # Samples feed DALI through an external source, which DALI's checkpoint does not cover; the

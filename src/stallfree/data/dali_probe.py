@@ -87,7 +87,7 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
             except RuntimeError as exc:  # before any file is read: not a file's fault
                 raise environment_problem(str(exc)) or DaliEnvironmentError(
                     f"the DALI pipeline cannot be built here: {first_cause(str(exc))}") from None
-            for done in range(len(paths)):
+            for _ in range(len(paths)):
                 log.seek(0)
                 log.truncate()
                 pipe.run()

@@ -1,4 +1,5 @@
-"""The dataset, resolved once: train's class folders define the labels of every split.
+"""The folder reader, and `resolve_dataset`, which picks the reader: train's class folders
+define the labels of every split.
 
 Every backend, the bench and the trainer take this one `Dataset`; nobody lists folders again.
 Listing is `os.scandir` (no `stat()` per file) into a `Listing` of bytes (see data/listing.py),
@@ -10,42 +11,16 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import Listing, ListingBuilder
-from stallfree.errors import StallfreeError, some_of
+from stallfree.data.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
+from stallfree.errors import some_of
 from stallfree.recipe import DataConfig
 
-SPLITS = ("train", "val")
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
 # version's rules and pixel limit needs no header check at start.
 CHECKED_LIST = re.compile(r"^# stallfree data check .*\(stallfree (\S+), max_pixels (\d+)\)\s*$")
-
-
-class DatasetError(StallfreeError, ValueError):
-    """A dataset folder that cannot be used; the message names the path and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class Dataset:
-    """Listings of train and val under one label map (train's sorted class folders).
-
-    `sources` are the folders (or shards) the listings were read from, whose modification
-    times tell whether a cached header check still holds; `checked_by` is (version, max_pixels)
-    when the listing is a `data check` clean list.
-    """
-
-    root: str
-    classes: tuple[str, ...]
-    splits: dict[str, Listing]
-    sources: tuple[str, ...] = ()
-    checked_by: tuple[str, int] | None = None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
 
 def resolve_dataset(data: DataConfig) -> Dataset:
@@ -54,10 +29,16 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     A val class that train lacks is an error (its label would mean nothing); a train class with
     no val folder or no val images is a warning (its accuracy simply goes unmeasured).
     """
-    if data.format == "tar":
-        from stallfree.data.tarshards import resolve_shards
+    if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
+        from stallfree.data.tarshards import MANIFEST, resolve_shards
 
-        return resolve_shards(data.root)
+        if not Path(data.root).is_dir():
+            raise DatasetError(f"data.root {data.root} does not exist")
+        if (Path(data.root) / MANIFEST).is_file():
+            return resolve_shards(data.root)
+        from stallfree.data.foreign import resolve_foreign
+
+        return resolve_foreign(Path(data.root))
     root = _check_root(data.root)
     classes = tuple(_class_dirs(root / "train"))
     val_dir = root / "val"

@@ -13,11 +13,9 @@ import json
 import os
 from pathlib import Path
 
-from stallfree.data.dataset import SPLITS, Dataset, DatasetError
-from stallfree.data.listing import ListingBuilder
-from stallfree.data.pack import index_text
+from stallfree.data.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.startup import cache_dir, stat_key, write_cache_file
-from stallfree.data.tarshards import Entry, ShardError, parse_index
+from stallfree.data.tarshards import Entry, ShardError, index_text, parse_index
 
 
 def _split_shards(root: Path, split: str) -> list[Path]:

@@ -31,13 +31,13 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from stallfree.data.headers import (MEMBER, jpeg_marker_problem, png_is_animated, read_bytes,
                                     tiff_ifds_loop, webp_is_lossless)
 from stallfree.errors import StallfreeError
+from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 
 # PIL warns about some malformed files ("Corrupt EXIF data") without naming them; our checks
 # name them. Filtered once, here: `warnings.catch_warnings()` in the header-check threads
 # would race on the process-wide filter list and could leave every warning switched off.
 warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
 
-DEFAULT_MAX_PIXELS: int = 89_478_485  # PIL's default Image.MAX_IMAGE_PIXELS
 
 # PIL format names that DALI's CPU decoder also decodes. Measured: GIF, ICO, TGA, PCX, QOI, DDS,
 # SGI, IM and AVIF fail in DALI. "PPM" covers PBM/PGM/PPM; "MPO" is a multi-picture JPEG

@@ -1,4 +1,4 @@
-"""The listing of one split, stored as bytes rather than objects.
+"""The listing types: a split's `Listing` (stored as bytes rather than objects) and `Dataset`.
 
 ImageNet-21k has 14.2M samples. As a tuple of (str, int) tuples that is ~1 KB a sample in every
 process, and forked DataLoader workers copy it page by page as they touch reference counts
@@ -15,6 +15,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from stallfree.errors import StallfreeError
+
+SPLITS = ("train", "val")
+
+
+class DatasetError(StallfreeError, ValueError):
+    """A dataset folder that cannot be used; the message names the path and the fix."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -94,3 +102,23 @@ class ListingBuilder:
         self._tails, self._lengths, self._labels = [], [], []
         return Listing(prefix=self.prefix, tails=tails, ends=ends, labels=labels,
                        classes=self.classes)
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Listings of train and val under one label map (train's sorted class folders).
+
+    `sources` are the folders (or shards) the listings were read from, whose modification
+    times tell whether a cached header check still holds; `checked_by` is (version, max_pixels)
+    when the listing is a `data check` clean list.
+    """
+
+    root: str
+    classes: tuple[str, ...]
+    splits: dict[str, Listing]
+    sources: tuple[str, ...] = ()
+    checked_by: tuple[str, int] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)

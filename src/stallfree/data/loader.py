@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from stallfree.data.autotune import autotuned
 from stallfree.data.dataset import Dataset, resolve_dataset
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
@@ -210,8 +211,6 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         if sets:  # what --loader auto picked changes a key: build from the changed recipe
             return build_loader(apply_overrides(recipe.copy(), sets), split, device=device,
                                 dist=dist, dataset=dataset, backend=backend)
-    from stallfree.data.autotune import autotuned  # it builds loaders itself
-
     build = resolve_backend(backend)
     spec, tuning = autotuned(spec, backend, build)
     loader = build(spec)

@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stallfree.data.dataset import SPLITS, resolve_dataset
+from stallfree.data.dataset import resolve_dataset
+from stallfree.data.listing import SPLITS
+from stallfree.data.tarshards import FORMAT, MANIFEST, index_text
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 
-MANIFEST = "manifest.json"
 # Each shard ends with two zero blocks, padded to tar's 10 KiB record: kept free in the budget.
 _RESERVE = tarfile.RECORDSIZE
-FORMAT = "stallfree-wds-1"
 
 
 def parse_size(text: str) -> int:
@@ -46,23 +46,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o444, 0  # fixed metadata: reproducible shards
     tar.addfile(info, io.BytesIO(data))
-
-
-def index_text(shard: Path) -> str:
-    """The wds2idx v1.2 index of any tar (members grouped by the key before the first dot)."""
-    samples: list[list[str]] = []
-    last = None
-    with tarfile.open(shard) as tar:
-        for member in tar:
-            if not member.isreg():
-                continue
-            key, _, ext = member.name.partition(".")
-            entry = f"{ext} {member.offset_data} {member.size} {member.name}"
-            if key != last:
-                samples.append([])
-                last = key
-            samples[-1].append(entry)
-    return f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
 
 
 def write_index(shard: Path) -> int:
@@ -103,7 +86,9 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
             if tar is not None:
                 close()
             shards.append({"name": f"{split}-{len(shards):06d}.tar"})
-            tar = tarfile.open(out / shards[-1]["name"], "w", format=tarfile.USTAR_FORMAT)
+            # Closed by close() when the shard is full: it outlives one loop iteration.
+            tar = tarfile.open(out / shards[-1]["name"], "w",  # noqa: SIM115
+                               format=tarfile.USTAR_FORMAT)
             size = _RESERVE
         key = f"{split}{i:09d}"
         _add(tar, f"{key}.{Path(path).suffix.lower().lstrip('.') or 'jpg'}", data)

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.data.dataset import SPLITS, Dataset, DatasetError
 from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import ListingBuilder
-from stallfree.data.pack import FORMAT, MANIFEST
+from stallfree.data.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.startup import cached_check, stat_key
+
+# The format `stallfree data pack` writes and this module reads.
+MANIFEST = "manifest.json"
+FORMAT = "stallfree-wds-1"
 
 BLOCK = 512  # a tar member's data starts on a block, right after its 512-byte header
 # (image member, its offset, its size, .cls member offset, .cls size) of one sample
@@ -169,15 +172,26 @@ def verify_members(shard: Path, entries: list[Entry], labels: list[int]) -> None
                 raise ShardError(f"{shard}::{name}: its .cls says {text!r}, the label is {label}")
 
 
-def resolve_shards(root_text: str) -> Dataset:
-    """The shards at ROOT as a Dataset: ours (with manifest.json) or other people's."""
-    root = Path(root_text)
-    if not root.is_dir():
-        raise DatasetError(f"data.root {root} does not exist")
-    if not (root / MANIFEST).is_file():
-        from stallfree.data.foreign import resolve_foreign
+def index_text(shard: Path) -> str:
+    """The wds2idx v1.2 index of any tar (members grouped by the key before the first dot)."""
+    samples: list[list[str]] = []
+    last = None
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            key, _, ext = member.name.partition(".")
+            entry = f"{ext} {member.offset_data} {member.size} {member.name}"
+            if key != last:
+                samples.append([])
+                last = key
+            samples[-1].append(entry)
+    return f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
 
-        return resolve_foreign(root)
+
+def resolve_shards(root_text: str) -> Dataset:
+    """Our shards at ROOT (with manifest.json) as a Dataset."""
+    root = Path(root_text)
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
     splits, sources = {}, []

@@ -47,7 +47,8 @@ def _external(prefix: str, name: str, num_classes: int, drop_rate: float) -> nn.
     try:
         module = importlib.import_module(prefix)
     except ImportError as exc:
-        raise ModelError(f"model {prefix}:{name} needs {prefix}; install it with `{_EXTERNAL[prefix]}`") from exc
+        raise ModelError(f"model {prefix}:{name} needs {prefix}; "
+                         f"install it with `{_EXTERNAL[prefix]}`") from exc
     if prefix == "timm":
         return module.create_model(name, pretrained=False, num_classes=num_classes,
                                    drop_rate=drop_rate)

@@ -86,9 +86,9 @@ class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
                  config: TrainerConfig, device: torch.device, sinks: list[Sink] | None = None,
-                 dist: DistInfo = DistInfo()) -> None:
+                 dist: DistInfo | None = None) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist
+        self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist or DistInfo()
         # Hooks for the run: periodic checkpoints, epoch-end checkpoints, preemption.
         self.on_step: Callable[[Trainer], None] | None = None
         self.on_epoch_end: Callable[[Trainer, int], None] | None = None
