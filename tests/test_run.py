@@ -210,3 +210,17 @@ def test_the_cli_imports_without_torch() -> None:
     """`stallfree --help` and argument errors answer without loading torch (seconds saved)."""
     code = "import sys, stallfree.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_bare_command_prints_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree import __version__
+    from stallfree.cli import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for command in ("train", "data", "bench", "eval", "compare", "doctor"):
+        assert f"\n    {command} " in out
+    assert "stallfree doctor" in out and "--loader auto" in out  # where to start
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"stallfree {__version__}"

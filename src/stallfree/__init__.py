@@ -1,3 +1,3 @@
 """stallfree: train PyTorch image classifiers without data stalls."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

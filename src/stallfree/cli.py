@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
+from stallfree import __version__
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
@@ -18,7 +19,7 @@ from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_over
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a recipe")
+    p = sub.add_parser("train", help="train a model from a recipe (one CPU, one GPU, or torchrun/srun)")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/demo.toml")
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
@@ -38,7 +39,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _data_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="dataset tools")
+    p = sub.add_parser("data", help="make a demo dataset, check every image, pack into tar shards")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     demo = data_sub.add_parser("demo", help="write the procedurally drawn demo ImageFolder")
     demo.add_argument("out", help="output folder, e.g. data/demo")
@@ -75,7 +76,7 @@ def _float_list(text: str) -> list[float]:
 
 
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="head-to-head loader and training benchmark")
+    p = sub.add_parser("bench", help="measure the loaders (ours and the usual ones) and training speed")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
     p.add_argument("--backends",
                    help="comma-separated: dali, dali-cpudecode, torch, torch-uint8, torch-naive, "
@@ -98,7 +99,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="top-1/top-5 of a checkpoint on the val split (torchrun too)")
+    p = sub.add_parser("eval", help="the val accuracy of a checkpoint (top-1/top-5; torchrun too)")
     p.add_argument("recipe", help="the recipe the checkpoint was trained with")
     p.add_argument("--checkpoint", required=True,
                    help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)")
@@ -109,14 +110,24 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _compare_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="print the summaries of several runs side by side")
+    p = sub.add_parser("compare", help="several runs side by side: images/s, data-wait, accuracy")
     p.add_argument("runs", nargs="+", help="run directories holding summary.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `stallfree` argument parser."""
-    parser = argparse.ArgumentParser(prog="stallfree", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="stallfree", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train PyTorch image classifiers without data stalls: DALI or a tuned "
+                    "DataLoader by one flag,\nthe same samples and augmentation in both.",
+        epilog="start here:\n"
+               "  stallfree doctor                              what this machine can run\n"
+               "  stallfree data demo data/demo                 a small dataset to try it on\n"
+               "  stallfree train pipelines/demo.toml --loader auto --out runs/a\n"
+               "  stallfree bench pipelines/bench.toml          our loaders beside the usual ones\n"
+               "\n'stallfree COMMAND --help' tells more.")
+    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _train_parser(sub)
     _data_parser(sub)
     _bench_parser(sub)
@@ -299,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: SIGUSR1 is Slurm's "time is nearly up"; its default action would kill the
     # process before `train` installs the handler that saves, e.g. while torch imports.
     signal.signal(signal.SIGUSR1, _remember_usr1)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `stallfree`: what it does and where to start
+        parser.print_help()
+        return 0
     setup_logging(_rank())
     try:
         return COMMANDS[args.command](args)
