@@ -15,7 +15,8 @@ import stallfree.data.autotune as autotune
 from helpers import small_recipe
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
-from stallfree.train.run import prepare_recipe, train
+from stallfree.train.build import prepare_recipe
+from stallfree.train.run import train
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)  # a device object only: nothing runs on it
@@ -48,7 +49,8 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(image_root: Path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     recipe = small_recipe(image_root, loader={"backend": "auto"})
     with caplog.at_level(logging.INFO, logger="stallfree"):
-        resolved, device = prepare_recipe(recipe, DistInfo())
+        ctx = prepare_recipe(recipe, DistInfo())
+    resolved, device = ctx.recipe, ctx.device
     assert resolved.loader.backend == auto.CPU_CHOICE
     assert f"--loader auto: {auto.CPU_CHOICE} (CPU run" in caplog.text
     # build_loader takes "auto" too (a library user without prepare_recipe).

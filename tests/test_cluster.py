@@ -82,7 +82,7 @@ def test_a_data_check_list_needs_no_header_check(image_root: Path, tmp_path: Pat
 
 def test_a_finished_run_exits_before_listing_anything(image_root: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import stallfree.train.run as run_module
+    import stallfree.train.build as build_module
 
     recipe = small_recipe(image_root, train={"batch_size": 8})
     first = train(recipe, tmp_path / "run", progress=False)
@@ -90,7 +90,7 @@ def test_a_finished_run_exits_before_listing_anything(image_root: Path, tmp_path
     def no_listing(*_: object) -> None:
         raise AssertionError("listed the data of a finished run")
 
-    monkeypatch.setattr(run_module, "resolve_dataset", no_listing)
+    monkeypatch.setattr(build_module, "resolve_dataset", no_listing)
     again = train(recipe, tmp_path / "run", progress=False, resume="auto")
     assert again == first
 

@@ -130,21 +130,17 @@ def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None
     import warnings
     from itertools import islice
 
-    from stallfree.data.loader import build_loader
-    from stallfree.parallel import DistInfo
-    from stallfree.train.build import build_trainer
-    from stallfree.train.run import prepare
+    from stallfree.train.build import build_trainer, prepare
 
     recipe = apply_overrides(load_recipe(path), [
         f'data.root="{image_root}"', "augment.image_size=32", "augment.resize_size=36",
         "train.batch_size=4", 'train.device="cpu"', 'train.precision="fp32"',
         'loader.backend="torch"', "loader.torch.workers=0"])
-    recipe, device, dataset = prepare(recipe, DistInfo())
-    loader = build_loader(recipe, "train", device=device, dataset=dataset)
+    ctx = prepare(recipe)
+    loader = ctx.loader("train")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
-        trainer = build_trainer(recipe, train_batches=len(loader), device=device,
-                                num_classes=dataset.num_classes, progress=False)
+        trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
     trainer.train_batches(islice(iter(loader), 1), 1)
     assert trainer.optimizer_steps == 1
 

@@ -12,7 +12,9 @@ from torch import nn
 
 from helpers import Collect, TensorLoader
 from stallfree.train.schedule import warmup_cosine
-from stallfree.train.trainer import MicroBatchOOMError, NonFiniteLossError, Trainer, TrainerConfig
+from stallfree.train.microbatch import MicroBatcher
+from stallfree.train.trainer import (MicroBatchOOMError, NonFiniteLossError, Trainer, TrainerConfig,
+                                     TrainerHooks)
 
 CPU = torch.device("cpu")
 
@@ -29,10 +31,11 @@ def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _train(model: nn.Module, loader: TensorLoader, accum: int, precision: str = "fp32",
-           lr: float = 0.1, **config: object) -> Trainer:
+           lr: float = 0.1, auto_micro_batch: bool = False, **config: object) -> Trainer:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     trainer = Trainer(model, optimizer, config=TrainerConfig(
-        precision=precision, accum_steps=accum, progress=False, log_every=1, **config), device=CPU)
+        precision=precision, accum_steps=accum, progress=False, log_every=1, **config), device=CPU,
+        micro=MicroBatcher(auto=auto_micro_batch))
     trainer.train_epoch(loader, 0)
     return trainer
 
@@ -246,12 +249,11 @@ def _stop_rank(rank: int, init_file: str, results: str) -> None:
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), device=CPU,
                       dist=DistInfo(rank=rank, world_size=2),
                       config=TrainerConfig(progress=False, log_every=100))
-    if rank == 1:
-        trainer.stop_requested = lambda: trainer.optimizer_steps >= 3
+    hooks = TrainerHooks(stop_requested=lambda: rank == 1 and trainer.optimizer_steps >= 3)
     images, labels = _data(8 * 25)
     stopped = -1
     try:
-        trainer.train_batches(iter(TensorLoader(images, labels, 8)), 25)
+        trainer.train_batches(iter(TensorLoader(images, labels, 8)), 25, hooks=hooks)
     except PreemptedError:
         stopped = trainer.optimizer_steps
     Path(results, f"rank{rank}").write_text(str(stopped))

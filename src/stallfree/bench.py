@@ -24,12 +24,12 @@ import torch
 from stallfree.bench_limit import dali_single_thread, measure_limit, median_limit
 from stallfree.bench_peers import PEERS, installed_peers
 from stallfree.bench_usage import ResourceSampler
-from stallfree.train.precision import cpu_has_native_bf16
+from stallfree.data.loader import Batch, Loader
 from stallfree.log import LOGGER
-from stallfree.data.dataset import Dataset
-from stallfree.data.loader import Batch, Loader, build_loader
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
+from stallfree.train.build import RunContext, build_trainer, prepare
+from stallfree.train.precision import cpu_has_native_bf16
 
 # Bench names -> (loader backend, recipe overrides). torch-naive is a reference, not a product
 # backend; dali-cpudecode is NVIDIA's "dali-cpu" mode: decode on the CPU, augment on the GPU.
@@ -81,10 +81,8 @@ def stream(loader: Loader) -> Iterator[Batch]:
         loader.set_epoch(loader.epoch + 1)
 
 
-def resolved(recipe: Recipe) -> tuple[Recipe, torch.device, Dataset | None]:
-    """A copy with `precision = auto` resolved for this machine, its device, and its dataset."""
-    from stallfree.train.run import prepare
-
+def resolved(recipe: Recipe) -> RunContext:
+    """The run context: `precision = auto` resolved for this machine, its device, its dataset."""
     return prepare(recipe, DistInfo())
 
 
@@ -95,54 +93,45 @@ def _sync(device: torch.device) -> None:
 
 def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> dict[str, Any]:
     """Iterate the train loader alone: images/s, CPU cores busy, peak PSS of the process tree."""
-    recipe, device, dataset = resolved(recipe)
-    loader = build_loader(recipe, "train", backend=backend, device=device, dataset=dataset)
+    ctx = resolved(recipe)
+    loader = ctx.loader("train", backend)
     batches_in = stream(loader)
     try:
         for _ in islice(batches_in, warmup):
             pass
-        _sync(device)
+        _sync(ctx.device)
         with ResourceSampler() as usage:
             started = time.perf_counter()
             for _ in islice(batches_in, batches):
                 pass
-            _sync(device)
+            _sync(ctx.device)
             elapsed = time.perf_counter() - started
     finally:
         loader.close()
-    return {"images_per_s": batches * recipe.train.batch_size / elapsed, "wall_s": elapsed,
+    return {"images_per_s": batches * ctx.recipe.train.batch_size / elapsed, "wall_s": elapsed,
             "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
 
 
 def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict[str, Any]:
     """The real Trainer on the recipe's model: images/s, data-wait fraction, step time."""
-    from stallfree.train.build import build_trainer
-
-    recipe, device, dataset = resolved(recipe)
+    recipe = recipe.copy()
     recipe.train.accum_steps = 1  # one micro-batch per step: step time is comparable across runs
-    loader = build_loader(recipe, "train", backend=backend, device=device, dataset=dataset)
+    ctx = resolved(recipe)
+    loader = ctx.loader("train", backend)
     # log_every past the window: only the closing log syncs, as in a long run.
-    trainer = build_trainer(recipe, train_batches=len(loader), num_classes=_classes(recipe, dataset),
-                            device=device, progress=False, log_every=warmup + steps + 1)
+    trainer = build_trainer(ctx, train_batches=len(loader), progress=False,
+                            log_every=warmup + steps + 1)
     batches_in = stream(loader)
     try:
         trainer.train_batches(islice(batches_in, warmup), warmup)
-        trainer.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
+        trainer.totals.reset()
         with ResourceSampler() as usage:
             trainer.train_batches(islice(batches_in, steps), steps)
     finally:
         loader.close()
     t = trainer.totals
-    return {"images_per_s": t["images"] / t["wall_s"], "data_wait_frac": t["wait_s"] / t["wall_s"],
-            "step_ms": 1000 * t["wall_s"] / steps, "wall_s": t["wall_s"],
+    return {**t.summary(), "step_ms": 1000 * t.wall_s / steps, "wall_s": t.wall_s,
             "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
-
-
-def _classes(recipe: Recipe, dataset: Dataset | None) -> int:
-    """model.num_classes, else the dataset's, else the synthetic count: the run's rule."""
-    if recipe.model.num_classes:
-        return recipe.model.num_classes
-    return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
 def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -150,9 +139,10 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
     from stallfree.models import build_model
     from stallfree.train.precision import PrecisionPolicy
 
-    recipe, device, dataset = resolved(recipe)
+    ctx = resolved(recipe)
+    recipe, device = ctx.recipe, ctx.device
     torch.manual_seed(recipe.train.seed)
-    classes = _classes(recipe, dataset)
+    classes = ctx.num_classes
     model = build_model(recipe.model, classes).to(device)
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
@@ -278,7 +268,7 @@ def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str
 def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
-    recipe = resolved(recipe)[0]  # `precision = auto` decided once, here, for every child
+    recipe = resolved(recipe).recipe  # `precision = auto` decided once, here, for every child
     runs = [(mode, backend, knob, sets) for mode in cfg.modes for backend in cfg.backends
             for knob, sets in _variants(backend, cfg)]
     records: list[dict[str, Any]] = []

@@ -1,5 +1,5 @@
-"""Timers, monitors and sinks: data-wait accounting, GPU metrics, metrics.jsonl, summary.json,
-optional TensorBoard."""
+"""Timers, monitors, the log interval's sums and sinks: data-wait accounting, GPU metrics,
+metrics.jsonl, summary.json, optional TensorBoard."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -134,6 +138,92 @@ def open_sinks(run_dir: Path, tensorboard: bool = True) -> list[JsonlSink | Sink
         except ImportError:
             pass
     return sinks
+
+
+class SinkSet:
+    """The run's sinks, handed to the Trainer when it is built and opened when the run directory
+    is written (after every start-up check passed): before that, records go nowhere."""
+
+    def __init__(self, sinks: list[Sink] | None = None) -> None:
+        self.sinks: list[Sink] = list(sinks or [])
+
+    def open(self, run_dir: Path) -> None:
+        self.sinks += open_sinks(run_dir)
+
+    def write(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+    @property
+    def records(self) -> int:
+        """Lines in metrics.jsonl (what a checkpoint records it has seen); 0 without one."""
+        return next((s.records for s in self.sinks if isinstance(s, JsonlSink)), 0)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+@dataclass(slots=True)
+class LogWindow:
+    """Device-side sums between two log records: read (one host sync) only when logging."""
+
+    loss_sum: torch.Tensor
+    grad_norm_sum: torch.Tensor
+    samples: int = 0
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> LogWindow:
+        import torch
+
+        zero = torch.zeros((), device=device)
+        return cls(loss_sum=zero, grad_norm_sum=zero.clone())
+
+    def record(self, *, step: int, epoch: int, lr: float, wall: float, wait: float,
+               world_size: int, skipped_steps: int) -> dict[str, Any]:
+        """The interval's metrics record; reading the sums is the interval's host sync."""
+        images = self.samples * world_size
+        return {
+            "step": step, "epoch": epoch, "loss": (self.loss_sum / self.samples).item(),
+            "lr": lr, "images_per_s": images / max(wall, 1e-9),
+            "data_wait_frac": wait / max(wall, 1e-9),
+            "grad_norm": (self.grad_norm_sum / max(1, self.steps)).item(),
+            "skipped_steps": skipped_steps,
+            # The interval's own totals, so a lost summary.json can be rebuilt exactly.
+            "interval_s": wall, "images": images,
+        }
+
+
+@dataclass(slots=True)
+class Totals:
+    """Images, wall time and data-wait over the logged intervals of a run (or a bench window)."""
+
+    images: int = 0
+    wall_s: float = 0.0
+    wait_s: float = 0.0
+
+    def add(self, record: dict[str, Any], wait: float) -> None:
+        self.images += record["images"]
+        self.wall_s += record["interval_s"]
+        self.wait_s += wait
+
+    def reset(self) -> None:
+        self.images, self.wall_s, self.wait_s = 0, 0.0, 0.0
+
+    def summary(self) -> dict[str, float]:
+        nan = float("nan")
+        return {"images_per_s": self.images / self.wall_s if self.wall_s else nan,
+                "data_wait_frac": self.wait_s / self.wall_s if self.wall_s else nan}
+
+
+def interval_line(record: dict[str, Any]) -> str:
+    """One log interval as a plain line for a file: step, epoch, loss, lr, speed, data-wait."""
+    skipped = f", skipped {record['skipped_samples']} samples" if "skipped_samples" in record else ""
+    return (f"step {record['step']} epoch {record['epoch']}: loss {record['loss']:.4f}, "
+            f"lr {record['lr']:.4g}, {record['images_per_s']:.1f} img/s, data-wait "
+            f"{100 * record['data_wait_frac']:.1f}%, skipped steps {record['skipped_steps']}"
+            f"{skipped}")
 
 
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:

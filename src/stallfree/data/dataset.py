@@ -16,11 +16,19 @@ from pathlib import Path
 from stallfree.data.imageio import IMAGE_EXTENSIONS
 from stallfree.data.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
 from stallfree.errors import some_of
-from stallfree.recipe import DataConfig
+from stallfree.recipe import DataConfig, Recipe
 
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
 # version's rules and pixel limit needs no header check at start.
 CHECKED_LIST = re.compile(r"^# stallfree data check .*\(stallfree (\S+), max_pixels (\d+)\)\s*$")
+
+
+def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
+    """The model's number of classes: model.num_classes, else the dataset's, else the
+    synthetic count (the one rule; every command asks here)."""
+    if recipe.model.num_classes:
+        return recipe.model.num_classes
+    return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
 def resolve_dataset(data: DataConfig) -> Dataset:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from stallfree.data.autotune import autotuned
-from stallfree.data.dataset import Dataset, resolve_dataset
+from stallfree.data.dataset import Dataset, class_count, resolve_dataset
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
 from stallfree.data.registry import AUTO, BackendError, resolve_backend
@@ -195,8 +195,7 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
     spec = LoaderSpec(
         split=split, listing=dataset.splits[split] if dataset else None,
-        num_classes=recipe.model.num_classes or (
-            dataset.num_classes if dataset else recipe.data.synthetic_classes),
+        num_classes=class_count(recipe, dataset),
         augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
         seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
         channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,

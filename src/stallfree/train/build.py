@@ -1,22 +1,108 @@
-"""Recipe -> model, optimizer, schedule and Trainer: shared by `train` and `bench`."""
+"""The run context and the builders: recipe -> resolved facts -> model, optimizer, schedule and
+Trainer. Shared by `train`, `eval` and `bench`, so each fact has one place where it is worked out.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
 
-from stallfree.metrics import Sink
+from stallfree import __version__
+from stallfree.data.auto import choose_backend
+from stallfree.data.dataset import Dataset, class_count, resolve_dataset
+from stallfree.data.loader import Loader, build_loader
+from stallfree.log import LOGGER
+from stallfree.metrics import SinkSet
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, RecipeError
-from stallfree.train.distributed import wrap_model
+from stallfree.recipe import Recipe, RecipeError, apply_overrides, validate
+from stallfree.train.distributed import resolve_device, wrap_model
 from stallfree.train.ema import ModelEma
+from stallfree.train.microbatch import MicroBatcher
 from stallfree.train.mix import Mixer
+from stallfree.train.precision import resolve_precision
 from stallfree.train.schedule import build_optimizer, warmup_cosine
 from stallfree.train.trainer import Trainer, TrainerConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunContext:
+    """One run's resolved facts: the recipe with every "auto" decided, the device, the ranks,
+    and (once listed) the dataset. Everything derived from them is a property here."""
+
+    recipe: Recipe
+    device: torch.device
+    dist: DistInfo
+    dataset: Dataset | None = None
+
+    def with_dataset(self) -> RunContext:
+        """This context with the dataset listed (once; the slow part of a start)."""
+        if self.dataset is not None or not self.recipe.data.root:
+            return self
+        return dataclasses.replace(self, dataset=resolve_dataset(self.recipe.data))
+
+    @property
+    def num_classes(self) -> int:
+        return class_count(self.recipe, self.dataset)
+
+    @property
+    def train_samples(self) -> int:
+        return len(self.dataset.splits["train"]) if self.dataset else self.recipe.data.synthetic_samples
+
+    @property
+    def global_batch(self) -> int:
+        t = self.recipe.train
+        return t.batch_size * t.accum_steps * self.dist.world_size
+
+    def loader(self, split: str, backend: str | None = None) -> Loader:
+        """This rank's loader of `split` (the recipe's backend unless another is named)."""
+        return build_loader(self.recipe, split, device=self.device, dist=self.dist,
+                            dataset=self.dataset, backend=backend)
+
+    def facts(self) -> dict[str, Any]:
+        """What produced a summary's figures: backend, device, resolved precision, world, batch."""
+        return {"backend": self.recipe.loader.backend, "device": str(self.device),
+                "precision": self.recipe.train.precision, "world_size": self.dist.world_size,
+                "stallfree_version": __version__, "global_batch": self.global_batch}
+
+
+def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
+    """Validate the recipe, pick the device, resolve `precision` and `--loader auto`: cheap,
+    no data (a finished run's requeue exits after this)."""
+    recipe = recipe.copy()
+    validate(recipe)
+    device = resolve_device(recipe.train.device, dist)
+    if device.type == "cuda":
+        # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
+        torch.backends.cudnn.benchmark = True
+    recipe.train.precision = resolve_precision(recipe.train.precision, device)
+    if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
+                                           and recipe.loader.synthetic_decode == "auto"):
+        recipe = resolve_auto_loader(recipe, device, dist)
+    return RunContext(recipe, device, dist)
+
+
+def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:
+    """`loader.backend = "auto"` (and synthetic-decode's "auto") resolved for this device; the
+    choice and its reason are said once, and the run directory's recipe holds the choice."""
+    backend, sets, why = choose_backend(device, dist.local_world_size)
+    if recipe.loader.backend == "synthetic-decode":
+        recipe.loader.synthetic_decode = backend
+    if recipe.loader.backend == "auto":
+        recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])
+        if dist.rank == 0:
+            LOGGER.info(f"--loader auto: {backend} ({why})")
+    return recipe
+
+
+def prepare(recipe: Recipe, dist: DistInfo | None = None) -> RunContext:
+    """`prepare_recipe`, then the dataset, listed once."""
+    return prepare_recipe(recipe, dist or DistInfo()).with_dataset()
 
 
 def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
@@ -35,12 +121,12 @@ def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo,
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, device: torch.device,
-                  dist: DistInfo | None = None, sinks: list[Sink] | None = None,
+def build_trainer(ctx: RunContext, *, train_batches: int, sinks: SinkSet | None = None,
                   progress: bool = True, log_every: int | None = None) -> Trainer:
-    """Model, optimizer and schedule from the recipe (precision already resolved), in a Trainer."""
-    dist = dist or DistInfo()
-    model = sync_batchnorm(build_model(recipe.model, num_classes), recipe, dist, device).to(device)
+    """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer."""
+    recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
+    model = sync_batchnorm(build_model(recipe.model, ctx.num_classes), recipe, dist, device)
+    model = model.to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
@@ -58,18 +144,14 @@ def build_trainer(recipe: Recipe, *, train_batches: int, num_classes: int, devic
                       stacklevel=2)
     scheduler = warmup_cosine(optimizer, total_steps=total, warmup_steps=opt.warmup_steps,
                               min_lr_frac=opt.min_lr_frac)
-    t = recipe.train
+    t, aug = recipe.train, recipe.augment
     config = TrainerConfig(precision=t.precision, accum_steps=t.accum_steps,
                            max_grad_norm=t.max_grad_norm, log_every=log_every or t.log_every,
                            max_nonfinite_steps=t.max_nonfinite_steps,
-                           label_smoothing=opt.label_smoothing, progress=progress,
-                           micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else 0,
-                           auto_micro_batch=t.micro_batch == "auto")
-    trainer = Trainer(model, optimizer, scheduler, config=config, device=device,
-                      sinks=sinks or [], dist=dist)
-    aug = recipe.augment
+                           label_smoothing=opt.label_smoothing, progress=progress)
     mixer = Mixer(mixup_alpha=aug.mixup_alpha, cutmix_alpha=aug.cutmix_alpha, prob=aug.mix_prob,
-                  seed=recipe.train.seed, rank=dist.rank)
-    trainer.mixer = mixer if mixer.enabled else None
-    trainer.ema = ema
-    return trainer
+                  seed=t.seed, rank=dist.rank)
+    micro = MicroBatcher(size=t.micro_batch if isinstance(t.micro_batch, int) else 0,
+                         auto=t.micro_batch == "auto")
+    return Trainer(model, optimizer, scheduler, config=config, device=device, dist=dist,
+                   sinks=sinks, mixer=mixer, ema=ema, micro=micro)

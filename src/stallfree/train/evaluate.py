@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from stallfree.data.loader import build_loader
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
@@ -19,20 +18,20 @@ from stallfree.recipe import Recipe
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
-from stallfree.train.run import prepare
+from stallfree.train.build import prepare
 
 
 def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:
     """Load the checkpoint's weights into the recipe's model and evaluate the val split."""
     dist = DistInfo.from_env()
-    recipe, device, dataset = prepare(recipe, dist)
+    ctx = prepare(recipe, dist)
+    recipe, device = ctx.recipe, ctx.device
     checkpoint = resolve_checkpoint(checkpoint)
     state = load_checkpoint(checkpoint)
     init_distributed(dist, device)
-    loader = build_loader(recipe, "val", device=device, dist=dist, dataset=dataset)
+    loader = ctx.loader("val")
     try:
-        model = build_model(recipe.model, recipe.model.num_classes or (
-            dataset.num_classes if dataset else recipe.data.synthetic_classes))
+        model = build_model(recipe.model, ctx.num_classes)
         model.load_state_dict(state["model"])
         if recipe.train.channels_last:
             model = model.to(memory_format=torch.channels_last)

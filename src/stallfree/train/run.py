@@ -14,23 +14,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree import __version__
-from stallfree.data.auto import choose_backend
-from stallfree.data.dataset import Dataset, resolve_dataset
-from stallfree.data.loader import Loader, build_loader
+from stallfree.data.loader import Loader
 from stallfree.log import LOGGER
-from stallfree.metrics import GpuMonitor, JsonlSink, Sink, open_sinks, write_json_atomic
+from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, RecipeError, apply_overrides, dump_toml, validate
-from stallfree.train.build import build_trainer, steps_per_epoch
+from stallfree.recipe import Recipe, RecipeError, dump_toml
+from stallfree.train.build import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
-from stallfree.train.distributed import all_reduce_sum, init_distributed, resolve_device, shutdown
-from stallfree.train.precision import resolve_precision
+from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
+from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import StopSignal, check_compatible, find_resume, restore, training_state
 from stallfree.train.rundir import RunDir
-from stallfree.train.microbatch import probe_micro_batch
-from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer
+from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -40,45 +36,12 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed)
 
 
-def prepare_recipe(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device]:
-    """Validate the recipe, pick the device and resolve `precision = auto`: cheap, no data."""
-    recipe = recipe.copy()
-    validate(recipe)
-    device = resolve_device(recipe.train.device, dist)
-    if device.type == "cuda":
-        # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
-        torch.backends.cudnn.benchmark = True
-    recipe.train.precision = resolve_precision(recipe.train.precision, device)
-    if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
-                                           and recipe.loader.synthetic_decode == "auto"):
-        recipe = resolve_auto_loader(recipe, device, dist)
-    return recipe, device
-
-
-def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:
-    """`loader.backend = "auto"` (and synthetic-decode's "auto") resolved for this device; the
-    choice and its reason are said once, and the run directory's recipe holds the choice."""
-    backend, sets, why = choose_backend(device, dist.local_world_size)
-    if recipe.loader.backend == "synthetic-decode":
-        recipe.loader.synthetic_decode = backend
-    if recipe.loader.backend == "auto":
-        recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])
-        if dist.rank == 0:
-            LOGGER.info(f"--loader auto: {backend} ({why})")
-    return recipe
-
-
-def prepare(recipe: Recipe, dist: DistInfo) -> tuple[Recipe, torch.device, Dataset | None]:
-    """`prepare_recipe`, then the dataset, resolved once."""
-    recipe, device = prepare_recipe(recipe, dist)
-    return recipe, device, resolve_dataset(recipe.data) if recipe.data.root else None
-
-
-def _check_batches(loader: Loader, recipe: Recipe, dist: DistInfo, samples: int) -> None:
+def _check_batches(loader: Loader, ctx: RunContext) -> None:
     if len(loader) == 0:
         raise RecipeError(
-            f"train.batch_size {recipe.train.batch_size} x {dist.world_size} rank(s) is more "
-            f"than the {samples} images of the training split; lower train.batch_size")
+            f"train.batch_size {ctx.recipe.train.batch_size} x {ctx.dist.world_size} rank(s) is "
+            f"more than the {ctx.train_samples} images of the training split; lower "
+            "train.batch_size")
 
 
 def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
@@ -95,7 +58,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         # Before any check: a start that fails must not leave an old marker that tells a
         # requeue loop to go round again.
         run.clear_preempted()
-    recipe, device = prepare_recipe(recipe, dist)
+    ctx = prepare_recipe(recipe, dist)
+    recipe, device = ctx.recipe, ctx.device
     run.check_writable()
     checkpointer = Checkpointer(run.checkpoints, keep=recipe.train.keep_checkpoints, rank=dist.rank)
     found = find_resume(resume, checkpointer) if resume else None
@@ -108,25 +72,21 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             LOGGER.info(f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
                         f"{recipe.train.epochs}); nothing to do")
             return run.finished_summary()
-    dataset = resolve_dataset(recipe.data) if recipe.data.root else None
+    ctx = ctx.with_dataset()
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     loaders: dict[str, Loader] = {}
-    sinks: list[Sink] = []
+    sinks = SinkSet()
     all_ranks_here = False  # a finished or agreed-preempted run: safe to leave the group
     try:
         for split in ("train", "val"):
-            loaders[split] = build_loader(recipe, split, device=device, dist=dist, dataset=dataset)
-        _check_batches(loaders["train"], recipe, dist, len(dataset.splits["train"]) if dataset
-                       else recipe.data.synthetic_samples)
+            loaders[split] = ctx.loader(split)
+        _check_batches(loaders["train"], ctx)
         if dist.rank == 0 and loaders["train"].autotune:
             run.path.mkdir(parents=True, exist_ok=True)
             write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
-        trainer = build_trainer(
-            recipe, train_batches=len(loaders["train"]), device=device, dist=dist,
-            num_classes=recipe.model.num_classes or (
-                dataset.num_classes if dataset else recipe.data.synthetic_classes),
-            progress=progress)
+        trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks,
+                                progress=progress)
         start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
             if found is not None else 0
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
@@ -134,33 +94,23 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         _barrier_after_checks()
         if dist.rank == 0:
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
-            sinks = open_sinks(run.path)
-            trainer.sinks = sinks
-        _announce(recipe, device, dist, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, recipe, dist, device, start_epoch,
-                       profile_steps, sinks)
+            sinks.open(run.path)
+        _announce(ctx, found, start_epoch, trainer)
+        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps)
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
         raise
     finally:
-        for item in (*loaders.values(), *sinks):
+        for item in (*loaders.values(), sinks):
             item.close()
         if all_ranks_here:
             shutdown()
     summary.update(wall_s=time.perf_counter() - started, checkpoint_save_s=checkpointer.last_save_s,
-                   **_run_facts(recipe, device, dist))
+                   **ctx.facts())
     if dist.rank == 0:
         write_json_atomic(run.path / "summary.json", summary)
     return summary
-
-
-def _run_facts(recipe: Recipe, device: torch.device, dist: DistInfo) -> dict[str, Any]:
-    """What produced the summary's figures: backend, device, resolved precision, world, batch."""
-    return {"backend": recipe.loader.backend, "device": str(device),
-            "precision": recipe.train.precision, "world_size": dist.world_size,
-            "stallfree_version": __version__,
-            "global_batch": recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}
 
 
 def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -> int:
@@ -205,16 +155,16 @@ def _barrier_after_checks() -> None:
         torch.distributed.barrier()
 
 
-def _announce(recipe: Recipe, device: torch.device, dist: DistInfo, found: Any,
-              start_epoch: int, trainer: Trainer) -> None:
-    if dist.rank != 0:
+def _announce(ctx: RunContext, found: Any, start_epoch: int, trainer: Trainer) -> None:
+    if ctx.dist.rank != 0:
         return
-    LOGGER.info(f"{recipe.loader.backend} loader, {recipe.model.name}, {device}, "
-               f"precision {recipe.train.precision}, world size {dist.world_size}, "
-               f"global batch {recipe.train.batch_size * recipe.train.accum_steps * dist.world_size}")
+    recipe = ctx.recipe
+    LOGGER.info(f"{recipe.loader.backend} loader, {recipe.model.name}, {ctx.device}, "
+                f"precision {recipe.train.precision}, world size {ctx.dist.world_size}, "
+                f"global batch {ctx.global_batch}")
     if found is not None:
         LOGGER.info(f"resumed from {found[1]} at epoch {start_epoch}, "
-                   f"step {trainer.optimizer_steps}")
+                    f"step {trainer.optimizer_steps}")
 
 
 class _Eta:
@@ -239,25 +189,25 @@ class _Eta:
 
 
 def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
-         recipe: Recipe, dist: DistInfo, device: torch.device, start_epoch: int,
-         profile_steps: int, sinks: list[Sink]) -> dict[str, Any]:
+         ctx: RunContext, start_epoch: int, profile_steps: int) -> dict[str, Any]:
     """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
-    records = next((s for s in sinks if isinstance(s, JsonlSink)), None)
+    recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
     def save() -> None:
         state = training_state(trainer, train_loader.state_dict(), recipe, dist.world_size,
-                               device, records.records if records else 0)
+                               device, trainer.sinks.records)
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
     eta = _Eta(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
                                                              recipe.train.accum_steps))
+    extras = []
     monitor = GpuMonitor.maybe(device)
     if monitor is not None:
-        trainer.record_extras.append(monitor.sample)
+        extras.append(monitor.sample)
     if recipe.data.on_error == "skip":
-        trainer.record_extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
+        extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
     with StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler, \
             StopSignal() as stop:
 
@@ -267,15 +217,12 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
             if every and t.optimizer_steps % every == 0:
                 save()
 
-        def on_epoch_end(t: Trainer, epoch: int) -> None:
-            train_loader.set_epoch(epoch + 1)  # the next epoch starts from its first batch
-            save()
-
-        trainer.on_step, trainer.on_epoch_end = on_step, on_epoch_end
-        trainer.stop_requested = lambda: stop.requested is not None
+        hooks = TrainerHooks(on_step=on_step, on_epoch_end=lambda t, epoch: save(),
+                             stop_requested=lambda: stop.requested is not None,
+                             record_extras=extras)
         try:
             return trainer.fit(train_loader, loaders["val"], epochs=recipe.train.epochs,
-                               start_epoch=start_epoch)
+                               start_epoch=start_epoch, hooks=hooks)
         except PreemptedError as exc:
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
             save()

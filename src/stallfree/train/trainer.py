@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from tqdm import tqdm
 from stallfree.data.loader import Batch, Loader
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
-from stallfree.metrics import Sink, StepTimer
+from stallfree.metrics import LogWindow, Sink, SinkSet, StepTimer, Totals, interval_line
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
 from stallfree.train.distributed import all_reduce_sum
@@ -32,15 +32,6 @@ from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
 
 
-
-
-def _interval_line(record: dict[str, Any]) -> str:
-    """One log interval as a plain line for a file: step, epoch, loss, lr, speed, data-wait."""
-    skipped = f", skipped {record['skipped_samples']} samples" if "skipped_samples" in record else ""
-    return (f"step {record['step']} epoch {record['epoch']}: loss {record['loss']:.4f}, "
-            f"lr {record['lr']:.4g}, {record['images_per_s']:.1f} img/s, data-wait "
-            f"{100 * record['data_wait_frac']:.1f}%, skipped steps {record['skipped_steps']}"
-            f"{skipped}")
 
 
 class NonFiniteLossError(StallfreeError, RuntimeError):
@@ -66,18 +57,18 @@ class TrainerConfig:
     max_nonfinite_steps: int = 10
     label_smoothing: float = 0.0
     progress: bool = True
-    micro_batch: int = 0  # chunk size for each loaded batch; 0: the whole batch
-    auto_micro_batch: bool = False  # halve the chunks on out-of-memory (one process)
 
 
 @dataclass(slots=True)
-class _Window:
-    """Running device-side sums between two log records."""
+class TrainerHooks:
+    """What a run plugs into one `fit`: they live as long as it (a stop signal's handler, the
+    profiler), so they are its arguments rather than parts of the Trainer."""
 
-    loss_sum: torch.Tensor
-    grad_norm_sum: torch.Tensor
-    samples: int = 0
-    steps: int = 0
+    on_step: Callable[[Trainer], None] | None = None  # after each optimizer step
+    on_epoch_end: Callable[[Trainer, int], None] | None = None
+    stop_requested: Callable[[], bool] = field(default=lambda: False)
+    # Extra fields for each log record, e.g. GPU utilisation from NVML.
+    record_extras: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
 
 
 class Trainer:
@@ -85,21 +76,21 @@ class Trainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
-                 config: TrainerConfig, device: torch.device, sinks: list[Sink] | None = None,
-                 dist: DistInfo | None = None) -> None:
+                 config: TrainerConfig, device: torch.device, dist: DistInfo | None = None,
+                 sinks: SinkSet | list[Sink] | None = None, mixer: Mixer | None = None,
+                 ema: ModelEma | None = None, micro: MicroBatcher | None = None) -> None:
+        """Everything the step loop uses is given here; nothing is set on it afterwards.
+
+        `sinks` may be opened later (`SinkSet.open`, once the run directory is written);
+        `mixer` mixes batches after the loader, `ema` keeps an average of the weights, `micro`
+        cuts each batch into chunks (train.micro_batch).
+        """
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.config, self.device, self.sinks, self.dist = config, device, sinks or [], dist or DistInfo()
-        # Hooks for the run: periodic checkpoints, epoch-end checkpoints, preemption.
-        self.on_step: Callable[[Trainer], None] | None = None
-        self.on_epoch_end: Callable[[Trainer, int], None] | None = None
-        self.stop_requested: Callable[[], bool] = lambda: False
-        # Extra fields for each log record, e.g. GPU utilisation from NVML.
-        self.record_extras: list[Callable[[], dict[str, Any]]] = []
-        # Optional: batch mixing after the loader, and an EMA of the weights (set by the builder).
-        self.mixer: Mixer | None = None
-        self.ema: ModelEma | None = None
-        self.micro = MicroBatcher(size=config.micro_batch, auto=config.auto_micro_batch)
-        self._window_mark: tuple[torch.Tensor, int] = (torch.zeros(()), 0)
+        self.config, self.device, self.dist = config, device, dist or DistInfo()
+        self.sinks = sinks if isinstance(sinks, SinkSet) else SinkSet(sinks)
+        self.mixer = mixer if mixer is not None and mixer.enabled else None
+        self.ema = ema
+        self.micro = micro or MicroBatcher()
         self.policy = PrecisionPolicy(config.precision, device.type)
         self.scaler = self.policy.grad_scaler()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
@@ -108,10 +99,10 @@ class Trainer:
         self.skipped_steps = 0
         self._nonfinite_in_row = 0
         self._step_lr = 0.0  # the LR the last optimizer step used (what a log record reports)
-        self._window = self._new_window()
+        self._window = LogWindow.zeros(device)
         # Under DDP: the stop flag's all-reduce started after the last step, read after this one.
         self._stop_vote: tuple[Any, torch.Tensor] | None = None
-        self.totals = {"images": 0, "wall_s": 0.0, "wait_s": 0.0}
+        self.totals = Totals()
 
     # ---- the step ---------------------------------------------------------------------------
     def _micro_step(self, batch: Batch, window_len: int, boundary: bool, index: int) -> None:
@@ -158,20 +149,24 @@ class Trainer:
             loss = self.model(batch.images).float().sum() * 0.0
         self.scaler.scale(loss).backward()
 
-    def _step_with_backoff(self, batch: Batch, window_len: int, boundary: bool, index: int,
-                           done: list[tuple[Batch, int]]) -> None:
-        """`_micro_step`, retried with smaller chunks after an out-of-memory error (auto micro-
-        batching, one process): the window's gradients are dropped and its batches run again,
-        so no sample is lost or counted twice."""
-        pending = [(batch, index)]
+    def train_step(self, window: list[Batch], first_index: int) -> bool:
+        """One optimizer step on a window of micro-batches (`accum_steps` of them, or fewer at
+        the end of a pass); True if the step happened (False: a non-finite gradient, skipped).
+
+        `first_index` is the window's first micro-batch in the epoch (it seeds the mixing).
+        Out of memory under train.micro_batch = "auto" (one process): the window's gradients
+        and logged sums are dropped and the same list runs again in smaller chunks, so no
+        sample is lost or counted twice.
+        """
+        mark = (self._window.loss_sum.clone(), self._window.samples) if self.micro.auto else None
         while True:
             try:
-                for k, (b, i) in enumerate(pending):
-                    self._micro_step(b, window_len, boundary and k == len(pending) - 1, i)
+                for k, batch in enumerate(window):
+                    self._micro_step(batch, len(window), k == len(window) - 1, first_index + k)
                 break
             except OUT_OF_MEMORY as exc:
-                n = batch.labels.numel()
-                if not self.micro.can_back_off(self.dist.world_size, n):
+                n = max(batch.labels.numel() for batch in window)
+                if mark is None or not self.micro.can_back_off(self.dist.world_size, n):
                     raise MicroBatchOOMError(
                         f"out of memory on a micro-batch of {self.micro.size or n} images. Set "
                         f"train.micro_batch = \"auto\", or lower train.batch_size and raise "
@@ -179,13 +174,9 @@ class Trainer:
                         "global batch; --resume auto continues from the last checkpoint."
                     ) from exc
                 self.optimizer.zero_grad(set_to_none=True)
-                # Back to the logged sums of the window's start: its batches all run again.
-                self._window.loss_sum, self._window.samples = \
-                    self._window_mark[0].clone(), self._window_mark[1]
+                self._window.loss_sum, self._window.samples = mark[0].clone(), mark[1]
                 self.micro.back_off(n)
-                pending = [*done, (batch, index)]
-        if self.micro.auto:
-            done.append((batch, index))
+        return self._optimizer_step()
 
     def _optimizer_step(self) -> bool:
         """Unscale, clip, step (unless non-finite), zero, advance the schedule; True if stepped."""
@@ -224,54 +215,50 @@ class Trainer:
             )
 
     # ---- epochs -----------------------------------------------------------------------------
-    def train_epoch(self, loader: Loader, epoch: int) -> None:
+    def train_epoch(self, loader: Loader, epoch: int, hooks: TrainerHooks | None = None) -> None:
         """One pass over this rank's remaining batches of `epoch`."""
         self.epoch = epoch
-        self.train_batches(loader, loader.batches_left(), total=len(loader))
+        self.train_batches(loader, loader.batches_left(), total=len(loader), hooks=hooks)
 
-    def train_batches(self, batches: Iterable[Batch], count: int, *, total: int = 0) -> None:
+    def train_batches(self, batches: Iterable[Batch], count: int, *, total: int = 0,
+                      hooks: TrainerHooks | None = None) -> None:
         """Train on the `count` micro-batches that `batches` yields, `accum_steps` per step.
 
         Windows count from where this pass starts, which is an optimizer-step boundary
         (checkpoints are taken there), so a resumed pass forms the same windows as an
         uninterrupted one; the last window may be shorter and is stepped with its true length.
         """
+        hooks = hooks or TrainerHooks()
         self.model.train()
         accum = self.config.accum_steps
         timer = StepTimer()
         total = max(total, count)
         first = total - count  # micro-batches of this epoch taken before this pass
-        bar = tqdm(total=total, initial=total - count, desc=f"epoch {self.epoch}", unit="batch",
+        bar = tqdm(total=total, initial=first, desc=f"epoch {self.epoch}", unit="batch",
                    leave=False, dynamic_ncols=True,
                    disable=not self.config.progress or self.dist.rank != 0)
-        seen = 0
+        seen, window = 0, []
         try:
-            for i, batch in enumerate(timer.iterate(batches)):
-                seen = i + 1
-                window_start = i - i % accum
-                window_len = min(accum, count - window_start)
-                boundary = i == window_start + window_len - 1
-                if i == window_start:
-                    window: list[tuple[Batch, int]] = []  # kept only for an OOM retry
-                    if self.micro.auto:
-                        self._window_mark = (self._window.loss_sum.clone(), self._window.samples)
-                self._step_with_backoff(batch, window_len, boundary, first + i, window)
-                bar.update(1)
-                if not boundary:
+            for batch in timer.iterate(batches):
+                seen += 1
+                window.append(batch)
+                if len(window) < min(accum, count - (seen - len(window))):
                     continue
-                stepped = self._optimizer_step()
+                stepped = self.train_step(window, first + seen - len(window))
+                bar.update(len(window))
+                window = []
                 if (stepped and self.optimizer_steps % self.config.log_every == 0) or seen == count:
-                    self._log(timer, bar)
-                if self.on_step is not None:
-                    self.on_step(self)
-                if self._stop_agreed(last=seen == count):
+                    self._log(timer, bar, hooks)
+                if hooks.on_step is not None:
+                    hooks.on_step(self)
+                if self._stop_agreed(hooks, last=seen == count):
                     raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
         finally:
             bar.close()  # also on preemption, OOM or a non-finite abort
-        if seen != count:  # a window left open would leak its gradients into the next pass
+        if seen != count or window:  # a window left open would leak into the next pass
             raise RuntimeError(f"the loader yielded {seen} batches where it announced {count}")
 
-    def _stop_agreed(self, last: bool) -> bool:
+    def _stop_agreed(self, hooks: TrainerHooks, last: bool) -> bool:
         """True when any rank was asked to stop; every rank gets the same answer, so all stop
         after the same optimizer step and none waits forever in a collective.
 
@@ -280,7 +267,7 @@ class Trainer:
         and a signal is honoured one or two steps after it came. The pass's last step settles
         the vote at once, so no collective is left open across validation or the epoch end.
         """
-        flag = self.stop_requested()
+        flag = hooks.stop_requested()
         if self.dist.world_size <= 1:
             return flag
         agreed = False
@@ -297,65 +284,61 @@ class Trainer:
         self._stop_vote = (all_reduce_sum(votes, async_op=True), votes)
         return False
 
-    def _log(self, timer: StepTimer, bar: tqdm) -> None:
-        w = self._window
-        if w.samples == 0:
+    def _log(self, timer: StepTimer, bar: tqdm, hooks: TrainerHooks) -> None:
+        if self._window.samples == 0:
             return
         wall, wait = timer.lap()
-        # Reading the loss is this interval's host sync.
-        loss = (w.loss_sum / w.samples).item()
-        grad_norm = (w.grad_norm_sum / max(1, w.steps)).item()
-        images = w.samples * self.dist.world_size
-        self.totals["images"] += images
-        self.totals["wall_s"] += wall
-        self.totals["wait_s"] += wait
-        record = {
-            "step": self.optimizer_steps, "epoch": self.epoch, "loss": loss,
-            "lr": self._step_lr, "images_per_s": images / max(wall, 1e-9),
-            "data_wait_frac": wait / max(wall, 1e-9), "grad_norm": grad_norm,
-            "skipped_steps": self.skipped_steps,
-            # The interval's own totals, so a lost summary.json can be rebuilt exactly.
-            "interval_s": wall, "images": images,
-        }
-        for extra in self.record_extras:
+        record = self._window.record(step=self.optimizer_steps, epoch=self.epoch, lr=self._step_lr,
+                                     wall=wall, wait=wait, world_size=self.dist.world_size,
+                                     skipped_steps=self.skipped_steps)
+        self.totals.add(record, wait)
+        for extra in hooks.record_extras:
             record.update(extra())
         self._emit(record)
         skipped = {"skipped": record["skipped_samples"]} if "skipped_samples" in record else {}
-        bar.set_postfix(loss=f"{loss:.3f}", img_s=f"{record['images_per_s']:.0f}",
+        bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}",
                         wait=f"{100 * record['data_wait_frac']:.0f}%", **skipped)
         if bar.disable and self.dist.rank == 0:  # no bar (a batch job's log): one plain line
-            LOGGER.info(_interval_line(record))
-        self._window = self._new_window()
+            LOGGER.info(interval_line(record))
+        self._window = LogWindow.zeros(self.device)
 
     def evaluate(self, loader: Loader) -> dict[str, float]:
         """Top-1 and top-5 accuracy over this loader, summed across ranks."""
         return evaluate_model(self.model, loader, self.policy, self.device, self.dist)
 
     def fit(self, train_loader: Loader, val_loader: Loader | None, *, epochs: int,
-            start_epoch: int = 0) -> dict[str, Any]:
-        """Train `epochs` epochs (from `start_epoch`), validating after each; return the summary."""
+            start_epoch: int = 0, hooks: TrainerHooks | None = None) -> dict[str, Any]:
+        """Train `epochs` epochs (from `start_epoch`), validating after each; return the summary.
+
+        The loader's epoch is set here, once per epoch; a restored mid-epoch position survives
+        because the loader is already at that epoch.
+        """
+        hooks = hooks or TrainerHooks()
         val: dict[str, float] = {}
         for epoch in range(start_epoch, epochs):
-            train_loader.set_epoch(epoch)
-            self.train_epoch(train_loader, epoch)
+            if train_loader.epoch != epoch:
+                train_loader.set_epoch(epoch)
+            self.train_epoch(train_loader, epoch, hooks)
+            # The loader points at the next epoch's first batch before the epoch-end hook, so a
+            # checkpoint taken there resumes at the next epoch, not at this one's end.
+            train_loader.set_epoch(epoch + 1)
             if val_loader is not None:
-                val = self.evaluate(val_loader)
-                if self.ema is not None:
-                    ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device,
-                                         self.dist)
-                    val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"]}
-                self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
-                if self.dist.rank == 0:  # with or without a progress bar: a batch log needs it
-                    LOGGER.info(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
-                                f"top-5 {val['val_top5']:.4f} ({int(val['val_samples'])} images)")
-            if self.on_epoch_end is not None:
-                self.on_epoch_end(self, epoch)
-        t = self.totals
-        return {
-            "images_per_s": t["images"] / t["wall_s"] if t["wall_s"] else float("nan"),
-            "data_wait_frac": t["wait_s"] / t["wall_s"] if t["wall_s"] else float("nan"),
-            "optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps, **val,
-        }
+                val = self._validate(val_loader, epoch)
+            if hooks.on_epoch_end is not None:
+                hooks.on_epoch_end(self, epoch)
+        return {**self.totals.summary(), "optimizer_steps": self.optimizer_steps,
+                "skipped_steps": self.skipped_steps, **val}
+
+    def _validate(self, val_loader: Loader, epoch: int) -> dict[str, float]:
+        val = self.evaluate(val_loader)
+        if self.ema is not None:
+            ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device, self.dist)
+            val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"]}
+        self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
+        if self.dist.rank == 0:  # with or without a progress bar: a batch log needs it
+            LOGGER.info(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
+                        f"top-5 {val['val_top5']:.4f} ({int(val['val_samples'])} images)")
+        return val
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scaler, schedule and counters (the unwrapped model's weights)."""
@@ -387,9 +370,4 @@ class Trainer:
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:
-            for sink in self.sinks:
-                sink.write(record)
-
-    def _new_window(self) -> _Window:
-        zero = torch.zeros((), device=self.device)
-        return _Window(loss_sum=zero, grad_norm_sum=zero.clone())
+            self.sinks.write(record)
