@@ -243,3 +243,35 @@ def test_sigterm_to_the_whole_process_group_with_workers(image_root: Path, tmp_p
     assert proc.returncode == PREEMPTED_EXIT_CODE, err[-2000:]
     assert (run / "preempted.json").exists()
     assert Checkpointer(run / "checkpoints").load_latest() is not None
+
+
+def test_best_checkpoint_keeps_the_best_epoch(image_root: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """best.pt holds the weights of the epoch with the best val top-1, survives pruning and
+    is what `stallfree eval` reads; every validation record carries val_loss."""
+    import stallfree.train.trainer as trainer_module
+    from stallfree.train.accuracy import evaluate_model
+
+    scripted = iter([0.2, 0.5, 0.3])
+
+    def scripted_eval(*args, **kwargs):  # the real evaluation, with a chosen top-1
+        return {**evaluate_model(*args, **kwargs), "val_top1": next(scripted)}
+
+    monkeypatch.setattr(trainer_module, "evaluate_model", scripted_eval)
+    recipe = small_recipe(image_root, train={"epochs": 3, "keep_checkpoints": 2,
+                                             "ckpt_every_steps": 1})
+    run = tmp_path / "run"
+    train(recipe, run, progress=False)
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
+        "best.pt", "ckpt-000000020.pt", "ckpt-000000021.pt"]  # pruned around it
+    best = load_checkpoint(run / "checkpoints" / "best.pt")
+    assert (best["epoch"], best["val_top1"]) == (1, 0.5)
+    last = load_checkpoint(run / "checkpoints" / "ckpt-000000021.pt")
+    assert last["counters"]["best_val_top1"] == 0.5  # a resume keeps comparing against it
+    assert any(not torch.equal(best["model"][k], last["model"][k]) for k in best["model"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["val_loss"] for r in records if "val_top1" in r]
+    assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
+    from stallfree.train.evaluate import evaluate_checkpoint
+
+    assert evaluate_checkpoint(recipe, run / "checkpoints" / "best.pt")["samples"] == 30

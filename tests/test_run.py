@@ -45,7 +45,7 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
     val_records = [r for r in records if "val_top1" in r]
-    assert len(val_records) == 14
+    assert len(val_records) == 14 and all(r["val_loss"] > 0 for r in val_records)
     assert train_records[-1]["loss"] < train_records[0]["loss"]
     for key in ("step", "epoch", "loss", "lr", "images_per_s", "data_wait_frac"):
         assert key in train_records[0]

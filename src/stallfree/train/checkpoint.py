@@ -18,6 +18,7 @@ from stallfree.errors import StallfreeError
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
+BEST = "best.pt"
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -51,6 +52,22 @@ class Checkpointer:
         _fsync_dir(self.directory)
         self._prune(keep_also=path)
         self.last_save_s = time.perf_counter() - started
+        return path
+
+    def save_best(self, state: dict[str, Any]) -> Path | None:
+        """`best.pt`: the weights of the best epoch so far (and its EMA), atomically; never
+        pruned, never resumed from (`stallfree eval --checkpoint RUN/checkpoints/best.pt`)."""
+        if self.rank != 0:
+            return None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / BEST
+        tmp = self.directory / f".{BEST}.tmp"
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
         return path
 
     def paths(self) -> list[Path]:

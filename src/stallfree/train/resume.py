@@ -47,6 +47,15 @@ def training_state(trainer: Trainer, loader_state: dict[str, Any], recipe: Recip
     }
 
 
+def best_state(trainer: Trainer, recipe: Recipe, epoch: int) -> dict[str, Any]:
+    """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
+    A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
+    state = trainer.state_dict()
+    return {"model": state["model"], **({"ema": state["ema"]} if "ema" in state else {}),
+            "epoch": epoch, "step": trainer.optimizer_steps, "val_top1": trainer.best_val_top1,
+            "recipe": recipe.to_dict(), "stallfree_version": __version__}
+
+
 def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
             device: torch.device) -> int:
     """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue.

@@ -24,7 +24,8 @@ from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.profile import StepProfiler
-from stallfree.train.resume import StopSignal, check_compatible, find_resume, restore, training_state
+from stallfree.train.resume import (StopSignal, best_state, check_compatible, find_resume, restore,
+                                    training_state)
 from stallfree.train.rundir import RunDir
 from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
 
@@ -217,7 +218,12 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
             if every and t.optimizer_steps % every == 0:
                 save()
 
-        hooks = TrainerHooks(on_step=on_step, on_epoch_end=lambda t, epoch: save(),
+        def on_epoch_end(t: Trainer, epoch: int) -> None:
+            save()
+            if t.improved:
+                checkpointer.save_best(best_state(t, recipe, epoch))
+
+        hooks = TrainerHooks(on_step=on_step, on_epoch_end=on_epoch_end,
                              stop_requested=lambda: stop.requested is not None,
                              record_extras=extras)
         try:

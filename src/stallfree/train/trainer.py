@@ -103,6 +103,8 @@ class Trainer:
         # Under DDP: the stop flag's all-reduce started after the last step, read after this one.
         self._stop_vote: tuple[Any, torch.Tensor] | None = None
         self.totals = Totals()
+        self.best_val_top1 = -1.0  # the best epoch's val top-1 (checkpointed)
+        self.improved = False  # whether the last validation beat every earlier one
 
     # ---- the step ---------------------------------------------------------------------------
     def _micro_step(self, batch: Batch, window_len: int, boundary: bool, index: int) -> None:
@@ -333,11 +335,17 @@ class Trainer:
         val = self.evaluate(val_loader)
         if self.ema is not None:
             ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device, self.dist)
-            val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"]}
+            val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"],
+                    "val_loss_ema": ema["val_loss"]}
+        # The best epoch so far (by val top-1): the run keeps its weights as best.pt.
+        self.improved = val["val_top1"] > self.best_val_top1
+        if self.improved:
+            self.best_val_top1 = val["val_top1"]
         self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
         if self.dist.rank == 0:  # with or without a progress bar: a batch log needs it
             LOGGER.info(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
-                        f"top-5 {val['val_top5']:.4f} ({int(val['val_samples'])} images)")
+                        f"top-5 {val['val_top5']:.4f} loss {val['val_loss']:.4f} "
+                        f"({int(val['val_samples'])} images)")
         return val
 
     def state_dict(self) -> dict[str, Any]:
@@ -347,7 +355,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
             "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
-                         "nonfinite_in_row": self._nonfinite_in_row, "epoch": self.epoch},
+                         "nonfinite_in_row": self._nonfinite_in_row, "epoch": self.epoch,
+                         "best_val_top1": self.best_val_top1},
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -367,6 +376,7 @@ class Trainer:
         counters = state["counters"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
         self._nonfinite_in_row, self.epoch = counters["nonfinite_in_row"], counters["epoch"]
+        self.best_val_top1 = float(counters.get("best_val_top1", -1.0))  # absent before 0.3
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:
