@@ -275,3 +275,32 @@ def test_best_checkpoint_keeps_the_best_epoch(image_root: Path, tmp_path: Path,
     from stallfree.train.evaluate import evaluate_checkpoint
 
     assert evaluate_checkpoint(recipe, run / "checkpoints" / "best.pt")["samples"] == 30
+
+
+def test_export_and_fine_tune_from_a_run(image_root: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`stallfree export` writes weights that load and a TorchScript that computes the same
+    logits; `model.init_from` starts a 12-class run from the 10-class run's weights."""
+    from stallfree.cli import main
+    from stallfree.models import build_model
+
+    recipe = small_recipe(image_root)
+    train(recipe, tmp_path / "run", progress=False)
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "run" / "checkpoints" / "best.pt"), "--out", str(out)]) == 0
+    info = json.loads((out / "export.json").read_text())
+    assert info["num_classes"] == 10 and info["input"] == [3, 32, 32]
+    assert {"state_dict.pt", "model.torchscript.pt"} <= set(info["written"])
+    assert "model.onnx" in info["written"] or "model.onnx" in info["not_written"]
+    model = build_model(recipe.model, 10)
+    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True))
+    scripted = torch.jit.load(str(out / "model.torchscript.pt"))
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(model.eval()(x), scripted(x), atol=1e-5)
+    assert "wrote state_dict.pt" in capsys.readouterr().out
+
+    tuned = small_recipe(image_root, model={"name": "small_cnn", "num_classes": 12,
+                                            "init_from": str(out / "state_dict.pt")})
+    with pytest.warns(UserWarning, match="head.3.bias, head.3.weight differ in shape"):
+        summary = train(tuned, tmp_path / "tuned", progress=False)
+    assert summary["optimizer_steps"] == 7

@@ -109,6 +109,14 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
 
 
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a checkpoint's weights as a state dict, TorchScript and ONNX")
+    p.add_argument("checkpoint", help="a ckpt-<step>.pt, best.pt, or a run directory (its newest)")
+    p.add_argument("--out", required=True, help="folder for state_dict.pt, model.torchscript.pt, "
+                                                "model.onnx (with the onnx package), export.json")
+    p.add_argument("--ema", action="store_true", help="export the EMA weights instead")
+
+
 def _compare_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="several runs side by side: images/s, data-wait, accuracy")
     p.add_argument("runs", nargs="+", help="run directories holding summary.json")
@@ -133,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _eval_parser(sub)
     _compare_parser(sub)
+    _export_parser(sub)
     doctor = sub.add_parser("doctor", help="what this machine can run (torch, GPUs, DALI, nvJPEG, "
                                            "/dev/shm, cores, cache): OK / WARN / FAIL with the fix")
     doctor.add_argument("--json", action="store_true", help="the checks as a JSON list")
@@ -267,6 +276,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from stallfree.train.export import export_checkpoint
+
+    info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
+    print(f"wrote {', '.join(info['written'])} to {args.out} ({info['model']}, "
+          f"{info['num_classes']} classes, input {info['input']})")
+    for name, why in info["not_written"].items():
+        print(f"not written: {name}: {why}")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     rows = []
     for run in args.runs:
@@ -302,7 +322,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "data": cmd_data, "bench": cmd_bench, "eval": cmd_eval,
-            "compare": cmd_compare, "doctor": cmd_doctor}
+            "compare": cmd_compare, "export": cmd_export, "doctor": cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

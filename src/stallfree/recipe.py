@@ -75,6 +75,9 @@ class ModelConfig:
     num_classes: int = field(default=0, metadata=_at_least(0))  # 0: inferred from the data
     zero_init_residual: bool = True
     drop_rate: float = field(default=0.0, metadata=_at_least(0))  # dropout before the classifier
+    # Start from these weights (a stallfree checkpoint, best.pt, or a plain state dict file):
+    # fine-tuning. A classifier whose shape differs (another class count) starts afresh.
+    init_from: str = ""
 
 
 @dataclass(kw_only=True, slots=True)

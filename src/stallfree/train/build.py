@@ -19,6 +19,7 @@ from stallfree.data.loader import Loader, build_loader
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet
 from stallfree.models import build_model
+from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, apply_overrides, validate
 from stallfree.train.distributed import resolve_device, wrap_model
@@ -125,7 +126,10 @@ def build_trainer(ctx: RunContext, *, train_batches: int, sinks: SinkSet | None 
                   progress: bool = True, log_every: int | None = None) -> Trainer:
     """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
-    model = sync_batchnorm(build_model(recipe.model, ctx.num_classes), recipe, dist, device)
+    model = build_model(recipe.model, ctx.num_classes)
+    if recipe.model.init_from:  # a fresh start's weights; a resume loads its checkpoint after
+        init_from(model, recipe.model.init_from)
+    model = sync_batchnorm(model, recipe, dist, device)
     model = model.to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -28,7 +28,8 @@ class ResumeError(StallfreeError, ValueError):
 
 
 def training_state(trainer: Trainer, loader_state: dict[str, Any], recipe: Recipe,
-                   world_size: int, device: torch.device, metrics_records: int) -> dict[str, Any]:
+                   world_size: int, device: torch.device, metrics_records: int,
+                   num_classes: int = 0) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
     Loader state (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
@@ -42,18 +43,20 @@ def training_state(trainer: Trainer, loader_state: dict[str, Any], recipe: Recip
         "epoch": int(loader_state["epoch"]),
         "metrics_records": metrics_records,
         "recipe": recipe.to_dict(),
+        "num_classes": num_classes,  # what the model was built with (stallfree export reads it)
         "world_size": world_size,
         "stallfree_version": __version__,
     }
 
 
-def best_state(trainer: Trainer, recipe: Recipe, epoch: int) -> dict[str, Any]:
+def best_state(trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int) -> dict[str, Any]:
     """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
     A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
     state = trainer.state_dict()
     return {"model": state["model"], **({"ema": state["ema"]} if "ema" in state else {}),
             "epoch": epoch, "step": trainer.optimizer_steps, "val_top1": trainer.best_val_top1,
-            "recipe": recipe.to_dict(), "stallfree_version": __version__}
+            "recipe": recipe.to_dict(), "num_classes": num_classes,
+            "stallfree_version": __version__}
 
 
 def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,

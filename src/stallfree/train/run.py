@@ -197,7 +197,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
 
     def save() -> None:
         state = training_state(trainer, train_loader.state_dict(), recipe, dist.world_size,
-                               device, trainer.sinks.records)
+                               device, trainer.sinks.records, ctx.num_classes)
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
@@ -221,7 +221,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
         def on_epoch_end(t: Trainer, epoch: int) -> None:
             save()
             if t.improved:
-                checkpointer.save_best(best_state(t, recipe, epoch))
+                checkpointer.save_best(best_state(t, recipe, epoch, ctx.num_classes))
 
         hooks = TrainerHooks(on_step=on_step, on_epoch_end=on_epoch_end,
                              stop_requested=lambda: stop.requested is not None,
