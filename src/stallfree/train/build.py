@@ -123,11 +123,16 @@ def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo,
 
 
 def build_trainer(ctx: RunContext, *, train_batches: int, sinks: SinkSet | None = None,
-                  progress: bool = True, log_every: int | None = None) -> Trainer:
-    """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer."""
+                  progress: bool = True, log_every: int | None = None,
+                  resuming: bool = False) -> Trainer:
+    """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer.
+
+    `resuming`: the checkpoint's weights are loaded next, so model.init_from is not read (a
+    requeued job needs the file no longer).
+    """
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     model = build_model(recipe.model, ctx.num_classes)
-    if recipe.model.init_from:  # a fresh start's weights; a resume loads its checkpoint after
+    if recipe.model.init_from and not resuming:
         init_from(model, recipe.model.init_from)
     model = sync_batchnorm(model, recipe, dist, device)
     model = model.to(device)

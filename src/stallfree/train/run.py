@@ -87,7 +87,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             run.path.mkdir(parents=True, exist_ok=True)
             write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
         trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks,
-                                progress=progress)
+                                progress=progress, resuming=found is not None)
         start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
             if found is not None else 0
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
