@@ -56,8 +56,11 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class AugmentConfig:
-    image_size: int = field(default=224, metadata=_at_least(1))
-    resize_size: int = field(default=256, metadata=_at_least(1))
+    # The train crop's side, or a schedule of [epoch, size] pairs, each size from its epoch on
+    # (progressive resizing, e.g. [[0, 160], [12, 192]]; the first pair's epoch is 0).
+    image_size: int | list[list[int]] = field(default=224, metadata=_at_least(1))
+    resize_size: int = field(default=256, metadata=_at_least(1))  # val: the shorter side first
+    val_image_size: int = field(default=0, metadata=_at_least(0))  # 0: the last train size
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 4.0 / 3.0])
     hflip: float = 0.5
@@ -67,6 +70,27 @@ class AugmentConfig:
     mix_prob: float = 1.0
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+
+    def size_at(self, epoch: int) -> int:
+        """The train crop's side in `epoch`."""
+        if isinstance(self.image_size, int):
+            return self.image_size
+        return [size for start, size in self.image_size if start <= epoch][-1]
+
+    def sizes(self) -> list[int]:
+        """Every train size the schedule uses."""
+        return [self.image_size] if isinstance(self.image_size, int) else \
+            [size for _, size in self.image_size]
+
+    @property
+    def val_size(self) -> int:
+        """The val crop's side: val_image_size, else the last train size (test-time resolution
+        above the train one is FFCV's and FixRes's trick: the train crops' objects look larger)."""
+        return self.val_image_size or self.sizes()[-1]
+
+    def at_size(self, size: int) -> AugmentConfig:
+        """This spec with one fixed crop side, what a transform of one epoch uses."""
+        return dataclasses.replace(self, image_size=size)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -320,11 +344,12 @@ def validate(recipe: Recipe) -> None:
             raise RecipeError(f"augment.{key} = {lo_hi}; expected [low, high] with 0 < low <= high")
     if len(aug.mean) != 3 or len(aug.std) != 3 or min(aug.std) <= 0:
         raise RecipeError("augment.mean and augment.std need 3 values each, std > 0")
-    if aug.resize_size < aug.image_size:
+    _check_size_schedule(aug.image_size)
+    if aug.resize_size < aug.val_size:
         raise RecipeError(
-            f"augment.resize_size ({aug.resize_size}) < augment.image_size ({aug.image_size}); "
-            "the val center crop needs resize_size >= image_size"
-        )
+            f"augment.resize_size ({aug.resize_size}) < the val crop ({aug.val_size}: "
+            "augment.val_image_size, else the last augment.image_size); the val center crop "
+            "needs resize_size >= it")
     for key in ("hflip", "mix_prob"):
         if not 0 <= getattr(aug, key) <= 1:
             raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")
@@ -333,6 +358,16 @@ def validate(recipe: Recipe) -> None:
     if recipe.loader.backend != "synthetic" and not recipe.data.root:
         raise RecipeError(f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
                           "empty; set it in the recipe or with --set data.root=PATH")
+
+
+def _check_size_schedule(sizes: int | list[list[int]]) -> None:
+    if isinstance(sizes, int):
+        return
+    epochs = [pair[0] for pair in sizes if len(pair) == 2]
+    if not sizes or len(epochs) != len(sizes) or epochs[0] != 0 or epochs != sorted(set(epochs)) \
+            or min(size for _, size in sizes) < 1:
+        raise RecipeError(f"augment.image_size = {sizes}; expected a size, or [epoch, size] pairs "
+                          "from epoch 0 in increasing epochs, e.g. [[0, 160], [12, 192]]")
 
 
 def dump_toml(recipe: Recipe) -> str:

@@ -72,16 +72,17 @@ class DataPipelineError(StallfreeError, RuntimeError):
 def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, decode_device: str,
                    augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
     """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source()`
-    yields this rank's batches of one epoch as (encoded bytes, labels).
+    yields this rank's batches of one epoch as (encoded bytes, labels, crop sides): the side
+    comes with every sample, so one pipeline follows a progressive-resizing schedule.
 
     `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
     GPU run: a quarter of the bytes to copy, normalised on the GPU like the torch backend's).
     """
     aug = spec.augment
-    size = aug.image_size
     # cycle="raise": the end of the source ends DALI's epoch, and a reset calls `source` again.
-    jpegs, label = fn.external_source(source=source, num_outputs=2, batch=True, cycle="raise",
-                                      dtype=[types.UINT8, types.INT64])
+    jpegs, label, size = fn.external_source(source=source, num_outputs=3, batch=True,
+                                            cycle="raise",
+                                            dtype=[types.UINT8, types.INT64, types.FLOAT])
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
     hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.dali.hw_decoder_load,
@@ -104,12 +105,12 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
         images = fn.resize(images, resize_shorter=aug.resize_size, **resize)
         mirror = 0
     if raw_uint8:
-        images = fn.crop_mirror_normalize(images, crop=(size, size), crop_pos_x=0.5,
+        images = fn.crop_mirror_normalize(images, crop_h=size, crop_w=size, crop_pos_x=0.5,
                                           crop_pos_y=0.5, mirror=mirror, dtype=types.UINT8,
                                           output_layout="HWC")
         return images, label
     images = fn.crop_mirror_normalize(
-        images, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror,
+        images, crop_h=size, crop_w=size, crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror,
         mean=[m * 255 for m in aug.mean], std=[s * 255 for s in aug.std],
         dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if spec.channels_last else "CHW")
@@ -167,18 +168,20 @@ class DaliLoader(ShardedLoader):
     def _listing_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self._kept is None else self._kept[ids]
 
-    def _feed(self) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
-        """This rank's batches of the current epoch from `_feed_start` on, as bytes and labels.
+    def _feed(self) -> Iterator[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]]:
+        """This rank's batches of the current epoch from `_feed_start` on: bytes, labels and
+        the epoch's crop side.
 
         DALI calls it anew after each reset; its body runs at the first batch DALI asks for,
         i.e. after `__iter__` has set the epoch and the start.
         """
         listing = self.spec.listing
         assert listing is not None
+        side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
         for ids in self.plan.batches(self.epoch_order()[0], self._feed_start):
             ids = self._listing_ids(ids)
             yield ([np.frombuffer(read_bytes(path), dtype=np.uint8) for path in listing.paths(ids)],
-                   [np.array([listing.labels[i]], dtype=np.int64) for i in ids])
+                   [np.array([listing.labels[i]], dtype=np.int64) for i in ids], [side] * len(ids))
 
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_left() == 0:

@@ -79,7 +79,7 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
     with tempfile.TemporaryFile() as log:
         saved = os.dup(2)
         os.dup2(log.fileno(), 2)
-        done = 0
+        done = 0  # the run that raises names the file: paths[done]
         try:
             pipe = _probe_pipeline(paths)
             try:
@@ -87,7 +87,7 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
             except RuntimeError as exc:  # before any file is read: not a file's fault
                 raise environment_problem(str(exc)) or DaliEnvironmentError(
                     f"the DALI pipeline cannot be built here: {first_cause(str(exc))}") from None
-            for _ in range(len(paths)):
+            for done in range(len(paths)):  # noqa: B007 - read after the loop, on failure
                 log.seek(0)
                 log.truncate()
                 pipe.run()

@@ -62,6 +62,10 @@ class LoaderSpec:
         return bad_headers_at_start(self.listing, sources=self.sources, checked_by=self.checked_by,
                                     max_pixels=self.max_pixels, threads=threads, dist=self.dist)
 
+    def crop_size(self, epoch: int) -> int:
+        """The side of this split's images in `epoch`: the train schedule's, or the val size."""
+        return self.augment.size_at(epoch) if self.train else self.augment.val_size
+
     @property
     def num_samples(self) -> int:
         return len(self.listing) if self.listing is not None else self.synthetic_samples

@@ -54,7 +54,7 @@ def build(spec: LoaderSpec) -> Loader:
         for images, labels in batches:  # float batches copied as they are
             yield Batch(images.to(spec.device, spec.dtype), labels.to(spec.device))
 
-    size = spec.augment.image_size
+    size = spec.crop_size(0)
     empty = (torch.zeros((0, 3, size, size)), torch.zeros(0, dtype=torch.int64))
     return TorchLoader(spec, naive_train if spec.train else naive_val, default_collate, to_device,
                        empty)

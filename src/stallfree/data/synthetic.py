@@ -18,7 +18,7 @@ class SyntheticLoader(ShardedLoader):
         # A different batch for val than for train: otherwise "val accuracy" is memorisation.
         split_offset = 0 if spec.train else 1_000_003
         generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank + split_offset)
-        size = spec.augment.image_size
+        size = spec.crop_size(0)  # one resident batch: the first epoch's size (or val's)
         images = torch.randn((spec.batch_size, 3, size, size), generator=generator)
         labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator)
         memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format

@@ -37,28 +37,32 @@ Collate = Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
 
 
 class ImageDataset(Dataset):
-    """Index by (sample id, augmentation seed) so augmentation is independent of worker layout."""
+    """Index by (sample id, augmentation seed, crop size) so augmentation is independent of
+    worker layout, and the size follows the epoch's (persistent workers hold their own copy of
+    this object: the size travels with each key)."""
 
     def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig,
                  max_pixels: int) -> None:
         # The listing is three objects (data/listing.py): forked workers share it, page for page.
         self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
+        self._at_size: dict[int, AugmentConfig] = {}
 
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[Any, int]:
-        index, seed = key
+    def __getitem__(self, key: tuple[int, int, int]) -> tuple[Any, int]:
+        index, seed, size = key
         path, label = self.listing.path(index), int(self.listing.labels[index])
+        aug = self._at_size.get(size) or self._at_size.setdefault(size, self.aug.at_size(size))
         try:
-            return self.transform(path, self.aug, seed, self.max_pixels), label
+            return self.transform(path, aug, seed, self.max_pixels), label
         except BadImageError as exc:
             # Returned, not raised: a raise would reach the user as a worker traceback.
             return BadSample(exc.path, exc.reason), label
 
 
-class _LoaderSampler(Sampler[list[tuple[int, int]]]):
-    """The loader's remaining batches as lists of (sample id, augmentation seed)."""
+class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
+    """The loader's remaining batches as lists of (sample id, augmentation seed, crop size)."""
 
     def __init__(self, loader: ShardedLoader) -> None:
         # A proxy: the DataLoader must not keep its TorchLoader alive, or the loader's
@@ -68,10 +72,11 @@ class _LoaderSampler(Sampler[list[tuple[int, int]]]):
     def __len__(self) -> int:
         return self.loader.batches_left()
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         order, base = self.loader.epoch_order()  # once: a permutation is 4 bytes a sample
+        size = self.loader.crop_size()
         for ids in self.loader.plan.batches(order, self.loader.position):
-            yield list(zip(ids.tolist(), sample_seeds(base, ids).tolist()))
+            yield [(i, seed, size) for i, seed in zip(ids.tolist(), sample_seeds(base, ids).tolist())]
 
 
 def _worker_init(_: int) -> None:
@@ -121,6 +126,7 @@ class TorchLoader(ShardedLoader):
         workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
         # Headers first, as the dali backend does: a bad file stops the run before its first step,
         # or (data.on_error = "skip") is announced now and dropped when its batch comes.
+        self.spec = spec
         self.skip = spec.on_error == "skip"
         bad = spec.bad_headers(max(1, workers))
         if bad and not self.skip:
@@ -154,6 +160,9 @@ class TorchLoader(ShardedLoader):
     def __iter__(self) -> Iterator[Batch]:
         return self._counted(self.to_device(self._screen(iter(self.dataloader))))
 
+    def crop_size(self) -> int:
+        return self.spec.crop_size(self.epoch)
+
     def _screen(self, batches: Iterator[Any]) -> Iterator[Any]:
         """A worker's decode failures, in the main process: raise one line naming the file, or
         (skip) warn, count, and pass on the rest of the batch."""
@@ -177,7 +186,7 @@ def _tuned_path(spec: LoaderSpec) -> tuple[Collate, Callable[[Any], Iterator[Bat
                                             tuple[torch.Tensor, torch.Tensor]]:
     """(collate, to_device, empty batch): uint8 through the workers and normalised on the GPU
     a batch ahead; on a CPU run, normalised in the workers, so the main process only trains."""
-    size, aug = spec.augment.image_size, spec.augment
+    size, aug = spec.crop_size(0), spec.augment  # an empty batch's side does not matter
     labels = torch.zeros(0, dtype=torch.int64)
     if spec.device.type == "cpu":
         return (NormalisingCollate(aug.mean, aug.std, spec.channels_last), _as_batches,
@@ -231,7 +240,7 @@ def build_uint8(spec: LoaderSpec) -> Loader:
     """The bench's `torch-uint8`: what the workers of a GPU run deliver (uint8 NHWC batches,
     normalised later on the GPU), measured on a CPU. Not a training backend: its images are
     not normalised."""
-    size = spec.augment.image_size
+    size = spec.crop_size(0)
     return TorchLoader(spec, collate=collate_uint8, to_device=_as_batches,
                        empty=(torch.zeros((0, size, size, 3), dtype=torch.uint8),
                               torch.zeros(0, dtype=torch.int64)))
