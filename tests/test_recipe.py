@@ -134,6 +134,7 @@ def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None
 
     recipe = apply_overrides(load_recipe(path), [
         f'data.root="{image_root}"', "augment.image_size=32", "augment.resize_size=36",
+        "augment.val_image_size=0",
         "train.batch_size=4", 'train.device="cpu"', 'train.precision="fp32"',
         'loader.backend="torch"', "loader.torch.workers=0"])
     ctx = prepare(recipe)

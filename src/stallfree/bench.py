@@ -147,7 +147,7 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    size, batch = recipe.augment.image_size, recipe.train.batch_size
+    size, batch = recipe.augment.size_at(0), recipe.train.batch_size
     images = torch.randn(batch, 3, size, size, device=device).to(memory_format=memory_format)
     labels = torch.randint(0, classes, (batch,), device=device)
     policy = PrecisionPolicy(recipe.train.precision, device.type)

@@ -36,7 +36,7 @@ def _paths(recipe: Recipe) -> dict[str, Transform]:
     import stallfree.data.decode as decode
     from stallfree.data.augment import train_transform
 
-    aug = recipe.augment
+    aug = recipe.augment.at_size(recipe.augment.size_at(0))  # the bench times one size
 
     def pil(path: str, seed: int) -> np.ndarray:
         saved, decode.simplejpeg = decode.simplejpeg, None
@@ -53,7 +53,7 @@ def _paths(recipe: Recipe) -> dict[str, Transform]:
         from torchvision.transforms import v2
     except Exception:  # noqa: BLE001 - absent, or a build that does not match torch
         return paths
-    crop = v2.Compose([v2.RandomResizedCrop(aug.image_size, scale=tuple(aug.scale),
+    crop = v2.Compose([v2.RandomResizedCrop(aug.size_at(0), scale=tuple(aug.scale),
                                             ratio=tuple(aug.ratio), antialias=True),
                        v2.RandomHorizontalFlip(aug.hflip)])
     paths["torchvision"] = lambda path, seed: crop(torchvision.io.decode_image(

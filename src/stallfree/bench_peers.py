@@ -120,7 +120,8 @@ def pil_crop(img: Image.Image, aug: AugmentConfig) -> torch.Tensor:
     """RandomResizedCrop + flip + ToTensor + Normalize on a PIL image, Python's `random`
     seeded per worker by the DataLoader (torchvision's recipe)."""
     left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, random)
-    img = img.resize((aug.image_size,) * 2, Image.BILINEAR, box=(left, top, left + w, top + h))
+    size = aug.size_at(0)  # peers train at one size
+    img = img.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
     if random.random() < aug.hflip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return _normalise(np.array(img), aug)  # a copy, as ToTensor makes: asarray is read-only
@@ -135,7 +136,7 @@ class _PilFiles(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         with Image.open(self.listing.path(index)) as img:
-            size = self.aug.image_size
+            size = self.aug.size_at(0)
             img.draft("RGB", (size, size))  # the one trick a careful user knows
             return pil_crop(img.convert("RGB"), self.aug), int(self.listing.labels[index])
 
@@ -211,7 +212,7 @@ def torchvision_peer(spec: LoaderSpec) -> Loader:
     listing = _listing(spec)
     aug = spec.augment
     transform = v2.Compose([
-        v2.RandomResizedCrop(aug.image_size, scale=tuple(aug.scale), ratio=tuple(aug.ratio),
+        v2.RandomResizedCrop(aug.size_at(0), scale=tuple(aug.scale), ratio=tuple(aug.ratio),
                              antialias=True),
         v2.RandomHorizontalFlip(aug.hflip), v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(aug.mean, aug.std)])

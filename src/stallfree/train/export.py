@@ -51,7 +51,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out / "state_dict.pt")
-    size = recipe.augment.image_size
+    size = recipe.augment.val_size  # what evaluation feeds it
     example = torch.zeros(1, 3, size, size)
     info: dict[str, Any] = {
         "checkpoint": str(path), "model": recipe.model.name, "num_classes": classes,

@@ -116,7 +116,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
 
 def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -> int:
     """Under DDP: the chunk size every rank can run, found once before training."""
-    model, size = trainer.model, recipe.augment.image_size
+    model, size = trainer.model, max(recipe.augment.sizes())  # the largest the run will use
     buffers = [b.clone() for b in model.buffers()]  # the probe must not move BatchNorm stats
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
 
