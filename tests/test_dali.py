@@ -180,3 +180,26 @@ def test_one_pipeline_serves_the_whole_run(image_root: Path, monkeypatch: pytest
     assert len(builds) == 1
     loader.close()
     reference.close()
+
+
+def test_a_stop_on_an_epochs_last_batch_resumes_the_random_stream(image_root: Path) -> None:
+    """Stopped right after an epoch's last batch (its checkpoint: that epoch, at its end, with
+    DALI's state), a resumed loader's next epoch is the uninterrupted one's, pixel for pixel."""
+    recipe = small_recipe(image_root, loader={"backend": "dali"}, augment=RAW_PIXELS)
+    reference = build_loader(recipe, "train", device=CPU)
+    list(reference)
+    state = reference.state_dict()
+    assert state["position"] == 0 or "dali" in state
+    stopped = build_loader(recipe, "train", device=CPU)
+    list(stopped)
+    saved = {**stopped.state_dict(), "position": stopped.plan.position_after(0, len(stopped))}
+    stopped.close()
+    resumed = build_loader(recipe, "train", device=CPU)
+    resumed.load_state_dict(saved)
+    assert list(resumed) == []  # nothing left of epoch 0
+    for loader in (reference, resumed):
+        loader.set_epoch(1)
+    a, b = (torch.cat([batch.images for batch in loader]) for loader in (reference, resumed))
+    assert torch.equal(a, b)
+    reference.close()
+    resumed.close()

@@ -55,6 +55,8 @@ class BenchConfig:
     workers: list[int] = field(default_factory=list)  # torch/torch-naive sweep; [] = recipe's
     threads: list[int] = field(default_factory=list)  # dali sweep; [] = recipe's
     hw_decoder_loads: list[float] = field(default_factory=list)  # dali (nvJPEG) sweep; [] = recipe's
+    limit_files: int = 200  # the limit's sample of training files ...
+    limit_passes: int = 3  # ... timed this many times per repeat and path
 
     def validate(self) -> None:
         for name in self.backends:
@@ -277,7 +279,8 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
     for repeat in range(cfg.repeats):
         if recipe.data.root and "loader" in cfg.modes:
             # Interleaved too: the ceiling drifts as well.
-            limits.append(measure_limit(recipe, dali_rate=dali_rate))
+            limits.append(measure_limit(recipe, sample=cfg.limit_files, passes=cfg.limit_passes,
+                                        dali_rate=dali_rate))
         for mode, backend, knob, sets in runs:
             loader_backend, overrides = BENCH_BACKENDS[backend]
             variant = apply_overrides(recipe.copy(), [*overrides, *sets])
@@ -293,7 +296,7 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
     return {"machine": machine_info(), "limit": median_limit(limits), "records": records,
             "config": {"repeats": cfg.repeats, "warmup": cfg.warmup, "batches": cfg.batches,
                        "batch_size": recipe.train.batch_size, "model": recipe.model.name,
-                       "image_size": recipe.augment.image_size, "precision": recipe.train.precision,
+                       "image_size": recipe.augment.size_at(0), "precision": recipe.train.precision,
                        "data_root": recipe.data.root}}
 
 

@@ -196,9 +196,18 @@ class DaliLoader(ShardedLoader):
             elif self._ended:  # the next epoch (or the same one again): the source starts over
                 self._feed_start, self._ended = self.position, False
                 self._iterator.reset()
+            elif self.prefetcher is not None:
+                # The GPU-side prefetcher took one batch more from DALI than it handed out:
+                # rebuild from the next unseen sample rather than skip that batch.
+                self._close_iterator()
+                self._feed_start = self.position
+                self._iterator = self._build()
             # else: re-iterated after stopping mid-epoch; the live pipeline's next batch is the
             # next unseen one, as in the torch backend.
             yield from self._counted(self._batches(self._iterator))
+        except DataPipelineError:
+            self._close_iterator()
+            raise
         except RuntimeError as exc:
             self._close_iterator()
             if _is_memory_error(exc):
@@ -252,18 +261,24 @@ class DaliLoader(ShardedLoader):
                      labels.to(self.spec.device, non_blocking=True))
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch and not self._ended:
+        if epoch != self.epoch and self._iterator is not None and not self._ended:
             # Left mid-epoch: the live pipeline holds that epoch's batches, not this one's.
             self._close_iterator()
             self._checkpoint = None
+        # A restored checkpoint with no pipeline yet (a run stopped on an epoch's last step)
+        # is kept: it is the random state the next epoch continues from.
         super().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self._iterator is not None:
+        if self._iterator is not None and self.prefetcher is None:
             # DALI's own checkpoint, as of the last batch yielded: every RNG of the run's one
             # pipeline, at an epoch's end too, so that a resume continues its random stream.
             state["dali"] = self._iterator.checkpoints()[0]
+            # (With the GPU-side prefetcher DALI is a batch ahead of `position`: its state would
+            # shift the resumed stream, so such a resume starts a fresh one; order stays exact.)
+        elif self._checkpoint is not None:  # restored, not built yet: still the run's state
+            state["dali"] = self._checkpoint
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

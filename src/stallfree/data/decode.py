@@ -70,12 +70,14 @@ def open_image(path: str, max_pixels: int) -> Opened:
 def _open_plain_jpeg(path: str, max_pixels: int) -> Opened | None:
     """A JPEG that simplejpeg decodes exactly as PIL would, from its bytes alone: upright (no
     EXIF rotation), 8-bit YCbCr/grey/RGB, a header DALI parses, within the pixel limit. None
-    sends the file down PIL's path, which names whatever is wrong with it."""
+    sends the file down PIL's path, which names whatever is wrong with it (or, for headers
+    longer than 64 KiB, reads an EXIF block this walk did not reach)."""
     data = read_bytes(path)
     if data[:3] != b"\xff\xd8\xff":
         return None
-    problem, header_end = jpeg_header_walk(data[:1 << 16])
-    if problem or jpeg_exif_orientation(data[:header_end]) != 1:
+    head = data[:1 << 16]
+    problem, header_end = jpeg_header_walk(head)
+    if problem or header_end >= len(head) or jpeg_exif_orientation(data[:header_end]) != 1:
         return None  # PIL names the problem, or applies the rotation
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)

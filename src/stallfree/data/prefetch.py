@@ -14,9 +14,8 @@ from stallfree.data.loader import Batch
 class Normaliser:
     """uint8 NHWC images -> float NCHW (channels_last when asked), normalised, in one pass.
 
-    One conversion for every place a batch is normalised: on the GPU (`DevicePrefetcher`) and,
-    for a CPU run, inside the DataLoader workers (`NormalisingCollate`). The two backends'
-    CPU outputs are then alike: DALI normalises in its own threads.
+    The batch-level conversion of the GPU path (`DevicePrefetcher`); a CPU run's workers do the
+    same arithmetic per image plane (`NormalisingCollate`, tested equal to this).
     """
 
     def __init__(self, mean: list[float], std: list[float], dtype: torch.dtype,

@@ -12,6 +12,7 @@ augments them at every step as it would the real ones. So:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import shutil
@@ -41,7 +42,8 @@ def in_memory_listing(listing: Listing, folder: str,
     tails, originals = [], {}
     for n, i in enumerate(picked):
         path = listing.path(int(i))
-        ext = os.path.splitext(path.rsplit(":", 3)[0] if "::" in path else path)[1] or ".jpg"
+        member = path.rpartition("::")[2].rsplit(":", 2)[0] if "::" in path else path
+        ext = os.path.splitext(member)[1] or ".jpg"
         tail = f"{n:05d}{ext.lower()}"
         with open(os.path.join(folder, tail), "wb") as f:
             f.write(read_bytes(path))  # a tar member's bytes too
@@ -59,11 +61,13 @@ class SyntheticDecodeLoader(Loader):
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None or len(spec.listing) == 0:
             raise BackendError("synthetic-decode needs data.root: it decodes some of its files")
-        backend = spec.loader.synthetic_decode
+        backend, loader = spec.loader.synthetic_decode, spec.loader
         if backend == "auto":  # as --loader auto would pick (a run resolves it in its recipe)
             from stallfree.data.auto import choose_backend
+            from stallfree.recipe import Recipe, apply_overrides
 
-            backend = choose_backend(spec.device, spec.dist.local_world_size)[0]
+            backend, sets, _ = choose_backend(spec.device, spec.dist.local_world_size)
+            loader = apply_overrides(Recipe(loader=copy.deepcopy(loader)), sets).loader
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.folder = tempfile.mkdtemp(prefix="stallfree-synthetic-decode-", dir=shm)
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -75,7 +79,7 @@ class SyntheticDecodeLoader(Loader):
             self.close()
             raise self._named(bad[0])
         inner_spec = dataclasses.replace(spec, listing=listing, sources=(self.folder,),
-                                         checked_by=(__version__, spec.max_pixels))
+                                         checked_by=(__version__, spec.max_pixels), loader=loader)
         self.inner: Loader = resolve_backend(backend)(inner_spec)
 
     def _named(self, exc: BadImageError) -> BadImageError:

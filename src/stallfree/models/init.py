@@ -1,6 +1,6 @@
 """`model.init_from`: start a fresh run from saved weights (fine-tuning).
 
-The file is a stallfree checkpoint (its "model", or its "ema" when `use_ema`), a `best.pt`, or a
+The file is a stallfree checkpoint (its "model"), a `best.pt`, or a
 plain state dict (what `stallfree export` writes, or torchvision's and timm's weight files).
 Loaded without unpickling code (`weights_only`). Every tensor must find its place; the only
 ones allowed to differ are those whose shape no longer fits, i.e. a classifier for another

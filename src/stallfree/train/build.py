@@ -93,6 +93,7 @@ def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) ->
     choice and its reason are said once, and the run directory's recipe holds the choice."""
     backend, sets, why = choose_backend(device, dist.local_world_size)
     if recipe.loader.backend == "synthetic-decode":
+        recipe = apply_overrides(recipe, sets)  # e.g. DALI decoding on the CPU
         recipe.loader.synthetic_decode = backend
     if recipe.loader.backend == "auto":
         recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])

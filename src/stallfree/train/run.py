@@ -83,9 +83,6 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         for split in ("train", "val"):
             loaders[split] = ctx.loader(split)
         _check_batches(loaders["train"], ctx)
-        if dist.rank == 0 and loaders["train"].autotune:
-            run.path.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
         trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks,
                                 progress=progress, resuming=found is not None)
         start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
@@ -96,6 +93,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         if dist.rank == 0:
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
             sinks.open(run.path)
+            if loaders["train"].autotune:  # what workers/threads = "auto" measured and chose
+                write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
         _announce(ctx, found, start_epoch, trainer)
         summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps)
         all_ranks_here = True
