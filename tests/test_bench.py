@@ -103,9 +103,11 @@ def test_warmup_and_window_share_one_iterator(image_root: Path,
 
 def test_measurements_on_tiny_data(image_root: Path) -> None:
     recipe = small_recipe(image_root)
-    loader = measure_loader(recipe, "stallfree.data.naive:build", warmup=1, batches=3)
+    recipe.loader.backend = "stallfree.data.naive:build"
+    loader = measure_loader(recipe, warmup=1, batches=3)
     assert loader["images_per_s"] > 0 and loader["peak_pss_mb"] > 10
-    trained = measure_train(small_recipe(image_root), "synthetic", warmup=1, steps=3)
+    trained = measure_train(small_recipe(image_root, loader={"backend": "synthetic"}), warmup=1,
+                            steps=3)
     assert trained["images_per_s"] > 0 and 0 <= trained["data_wait_frac"] < 1
     bare = measure_bare_loop(small_recipe(image_root), warmup=1, steps=3)
     assert bare["images_per_s"] > 0 and bare["step_ms"] > 0
@@ -130,10 +132,10 @@ def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
 
 @pytest.mark.parametrize("peer", ["peer-pil", "peer-webdataset"])
 def test_peers_load_the_same_files_as_ours(image_root: Path, peer: str) -> None:
-    from stallfree.bench import BENCH_BACKENDS
+    from stallfree.data.registry import PEERS
 
-    recipe = small_recipe(image_root, loader={"torch": {"workers": 1}})
-    loader = build_loader(recipe, "train", device=CPU, backend=BENCH_BACKENDS[peer][0])
+    recipe = small_recipe(image_root, loader={"backend": PEERS[peer][0], "torch": {"workers": 1}})
+    loader = build_loader(recipe, "train", device=CPU)
     try:
         batches = list(loader)
         assert len(batches) == len(loader) > 0
@@ -152,8 +154,9 @@ def test_bench_config_rejects_unknown_names() -> None:
 
 def test_naive_loader_matches_torch_labels_and_dtype(image_root: Path) -> None:
     recipe = small_recipe(image_root)
-    naive = build_loader(recipe, "val", backend="stallfree.data.naive:build", device=CPU)
     tuned = build_loader(recipe, "val", device=CPU)
+    recipe.loader.backend = "stallfree.data.naive:build"
+    naive = build_loader(recipe, "val", device=CPU)
     for a, b in zip(naive, tuned):
         assert a.images.dtype == torch.float32 and a.images.shape == b.images.shape
         assert torch.equal(a.labels, b.labels)
@@ -224,3 +227,21 @@ def test_gpu_check_refuses_an_empty_wheelhouse(tmp_path: Path) -> None:
     result = _gpu_check(tmp_path, DEVICE="cpu", WHEELHOUSE=str(tmp_path / "wheels"),
                         OUT_DIR=str(tmp_path / "out"))
     assert result.returncode == 1 and "holds no .whl files" in result.stderr
+
+
+def test_bench_names_come_from_the_registry_and_select_by_the_recipe(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every registered backend is a bench row under its own name, each row is the recipe
+    override `train` would take, and the CLI's help lists these names."""
+    from stallfree.cli import main
+    from stallfree.data.registry import BACKENDS, BENCH_VARIANTS, PEERS
+    from stallfree.recipe import Recipe, apply_overrides
+
+    assert set(BACKENDS) | set(PEERS) <= set(BENCH_VARIANTS)
+    for name, sets in BENCH_VARIANTS.items():
+        recipe = apply_overrides(Recipe(), list(sets))
+        assert recipe.loader.backend in BACKENDS or ":" in recipe.loader.backend, name
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse's wrapping
+    assert all(name in text for name in BENCH_VARIANTS)

@@ -22,25 +22,15 @@ from typing import Any
 import torch
 
 from stallfree.bench_limit import dali_single_thread, measure_limit, median_limit
-from stallfree.bench_peers import PEERS, installed_peers
 from stallfree.bench_usage import ResourceSampler
 from stallfree.data.loader import Batch, Loader
+from stallfree.data.registry import BENCH_VARIANTS, installed_peers
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
 from stallfree.train.build import RunContext, build_trainer, prepare
 from stallfree.train.precision import cpu_has_native_bf16
 
-# Bench names -> (loader backend, recipe overrides). torch-naive is a reference, not a product
-# backend; dali-cpudecode is NVIDIA's "dali-cpu" mode: decode on the CPU, augment on the GPU.
-BENCH_BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "dali": ("dali", ()), "dali-cpudecode": ("dali", ('loader.dali.decode="cpu"',)),
-    "torch": ("torch", ()), "torch-naive": ("stallfree.data.naive:build", ()),
-    # The torch backend's worker output on a GPU run (uint8, normalised on the GPU), on a CPU.
-    "torch-uint8": ("stallfree.data.torch_backend:build_uint8", ()),
-    "synthetic": ("synthetic", ()), "synthetic-decode": ("synthetic-decode", ()),
-    **{name: (target, ()) for name, (target, _) in PEERS.items()},  # the loaders users pick instead
-}
 MODES = ("loader", "train")
 
 
@@ -60,8 +50,9 @@ class BenchConfig:
 
     def validate(self) -> None:
         for name in self.backends:
-            if name not in BENCH_BACKENDS:
-                raise ValueError(f"unknown bench backend {name!r}; choose from {', '.join(BENCH_BACKENDS)}")
+            if name not in BENCH_VARIANTS:
+                raise ValueError(f"unknown bench backend {name!r}; choose from "
+                                 f"{', '.join(BENCH_VARIANTS)}")
         for mode in self.modes:
             if mode not in MODES:
                 raise ValueError(f"unknown bench mode {mode!r}; choose from {', '.join(MODES)}")
@@ -93,10 +84,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> dict[str, Any]:
+def measure_loader(recipe: Recipe, warmup: int, batches: int) -> dict[str, Any]:
     """Iterate the train loader alone: images/s, CPU cores busy, peak PSS of the process tree."""
     ctx = resolved(recipe)
-    loader = ctx.loader("train", backend)
+    loader = ctx.loader("train")
     batches_in = stream(loader)
     try:
         for _ in islice(batches_in, warmup):
@@ -114,12 +105,12 @@ def measure_loader(recipe: Recipe, backend: str, warmup: int, batches: int) -> d
             "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
 
 
-def measure_train(recipe: Recipe, backend: str, warmup: int, steps: int) -> dict[str, Any]:
+def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
     """The real Trainer on the recipe's model: images/s, data-wait fraction, step time."""
     recipe = recipe.copy()
     recipe.train.accum_steps = 1  # one micro-batch per step: step time is comparable across runs
     ctx = resolved(recipe)
-    loader = ctx.loader("train", backend)
+    loader = ctx.loader("train")
     # log_every past the window: only the closing log syncs, as in a long run.
     trainer = build_trainer(ctx, train_batches=len(loader), progress=False,
                             log_every=warmup + steps + 1)
@@ -175,12 +166,10 @@ def _child_main() -> None:
     request = json.loads(sys.stdin.read())
     try:
         recipe = recipe_from_dict(request["recipe"])
-        kind, backend = request["kind"], request["backend"]
-        if kind == "bare":
-            result = measure_bare_loop(recipe, request["warmup"], request["batches"])
-        else:
-            measure = measure_loader if kind == "loader" else measure_train
-            result = measure(recipe, backend, request["warmup"], request["batches"])
+        kind = request["kind"]
+        measure = {"bare": measure_bare_loop, "loader": measure_loader,
+                   "train": measure_train}[kind]
+        result = measure(recipe, request["warmup"], request["batches"])
     except Exception as exc:  # noqa: BLE001 - reported to the parent as a failed record
         result = {"error": f"{type(exc).__name__}: {exc}"}
     print(_RESULT_TAG + json.dumps(result), flush=True)
@@ -193,15 +182,15 @@ _RESULT_TAG = "STALLFREE_BENCH_RESULT "
 CHILD_TIMEOUT_S = float(os.environ.get("STALLFREE_BENCH_TIMEOUT", "540"))
 
 
-def run_isolated(kind: str, recipe: Recipe, backend: str, warmup: int, batches: int,
+def run_isolated(kind: str, recipe: Recipe, warmup: int, batches: int,
                  timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     """One measurement in a fresh interpreter: clean RSS, no state shared between runs.
 
     The child's stderr is kept in the record (`stderr`, its last lines): a successful run can
     still have said something that matters, e.g. DALI falling back to a CPU decode.
     """
-    request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "backend": backend,
-                          "warmup": warmup, "batches": batches})
+    request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup,
+                          "batches": batches})
     code = "from stallfree.bench import _child_main; _child_main()"
     try:
         proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True,
@@ -282,15 +271,14 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             limits.append(measure_limit(recipe, sample=cfg.limit_files, passes=cfg.limit_passes,
                                         dali_rate=dali_rate))
         for mode, backend, knob, sets in runs:
-            loader_backend, overrides = BENCH_BACKENDS[backend]
-            variant = apply_overrides(recipe.copy(), [*overrides, *sets])
-            result = run_isolated(mode, variant, loader_backend, cfg.warmup, cfg.batches)
+            variant = apply_overrides(recipe.copy(), [*BENCH_VARIANTS[backend], *sets])
+            result = run_isolated(mode, variant, cfg.warmup, cfg.batches)
             record = {"backend": backend, "mode": mode, "knob": knob, "repeat": repeat, **result}
             records.append(record)
             if progress:
                 LOGGER.info(_progress_line(record))
         if "train" in cfg.modes:
-            result = run_isolated("bare", recipe, "", cfg.warmup, cfg.batches)
+            result = run_isolated("bare", recipe, cfg.warmup, cfg.batches)
             records.append({"backend": "bare-loop", "mode": "train", "knob": None,
                             "repeat": repeat, **result})
     return {"machine": machine_info(), "limit": median_limit(limits), "records": records,

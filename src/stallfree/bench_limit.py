@@ -109,7 +109,8 @@ def dali_single_thread(run_isolated: Callable[..., dict[str, Any]]) -> Callable[
         single = recipe_from_dict(recipe.to_dict())
         single.loader.dali.threads, single.train.batch_size = 1, 16
         single.loader.dali.device = "cpu"
-        result = run_isolated("loader", single, "dali", warmup=2, batches=max(4, files // 16))
+        single.loader.backend = "dali"
+        result = run_isolated("loader", single, warmup=2, batches=max(4, files // 16))
         return result.get("images_per_s")
     return rate
 

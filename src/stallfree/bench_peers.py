@@ -4,7 +4,8 @@ Each peer does the same work as the `torch` backend's train split (RandomResized
 recipe's scale and ratio to image_size, horizontal flip, normalise, batches of
 train.batch_size) with the same number of worker processes, the way its own documentation
 writes it: no stallfree code in the per-sample path. They are loader backends by
-`module:function`, so the bench measures them exactly as it measures ours.
+`module:function` (named in `stallfree.data.registry.PEERS`), so the bench measures them exactly
+as it measures ours.
 
 - `peer-pil`: a plain DataLoader over the files, PIL with `draft()`, ToTensor + Normalize in
   the workers (what a careful PyTorch user writes; torchvision's transforms on PIL images do
@@ -19,7 +20,6 @@ A peer has no resume: `load_state_dict` refuses. Nothing but the bench should tr
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -38,19 +38,6 @@ from stallfree.data.startup import cache_dir
 from stallfree.data.torch_backend import shutdown_workers
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
-
-# bench name -> (module:function, the module it needs)
-PEERS: dict[str, tuple[str, str]] = {
-    "peer-pil": ("stallfree.bench_peers:pil_plain", "PIL"),
-    "peer-webdataset": ("stallfree.bench_peers:webdataset_peer", "webdataset"),
-    "peer-torchvision": ("stallfree.bench_peers:torchvision_peer", "torchvision"),
-}
-
-
-def installed_peers() -> list[str]:
-    """The peers whose library is importable here."""
-    return [name for name, (_, module) in PEERS.items() if importlib.util.find_spec(module)]
-
 
 class PeerLoader(Loader):
     """Epochs of a peer's DataLoader, as Batches on the device; no resume."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree import __version__
-from stallfree.data.registry import AUTO, BACKENDS
+from stallfree.data.registry import AUTO, BACKENDS, BENCH_VARIANTS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe
@@ -79,10 +79,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the loaders (ours and the usual ones) and training speed")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
     p.add_argument("--backends",
-                   help="comma-separated: dali, dali-cpudecode, torch, torch-uint8, torch-naive, "
-                        "synthetic, "
-                        "synthetic-decode, peer-pil, peer-webdataset, peer-torchvision (default: "
-                        "dali, torch, torch-naive, synthetic and the peers installed here)")
+                   help=f"comma-separated: {', '.join(BENCH_VARIANTS)} (default: dali, torch, "
+                        "torch-naive, synthetic and the peers installed here)")
     p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
     p.add_argument("--no-progress", action="store_true",

@@ -188,10 +188,11 @@ def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 
 def build_loader(recipe: Recipe, split: str, *, device: torch.device,
-                 dist: DistInfo | None = None, dataset: Dataset | None = None,
-                 backend: str | None = None) -> Loader:
-    """Build the loader of `split` ("train" or "val") for this rank from the resolved dataset."""
-    backend = backend or recipe.loader.backend
+                 dist: DistInfo | None = None, dataset: Dataset | None = None) -> Loader:
+    """Build `recipe.loader.backend`'s loader of `split` ("train" or "val") for this rank from
+    the resolved dataset. The backend is chosen by the recipe only (train, eval and bench
+    alike: `loader.backend`, or `--loader`, which sets it)."""
+    backend = recipe.loader.backend
     dist = dist or DistInfo()
     if dataset is None and recipe.data.root:
         dataset = resolve_dataset(recipe.data)
@@ -207,13 +208,12 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         synthetic_samples=recipe.data.synthetic_samples,
         sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
     )
-    if backend == AUTO:
+    if backend == AUTO:  # a library caller without prepare_recipe: resolved the same way
         from stallfree.data.auto import choose_backend
 
         backend, sets, _ = choose_backend(device, dist.local_world_size)
-        if sets:  # what --loader auto picked changes a key: build from the changed recipe
-            return build_loader(apply_overrides(recipe.copy(), sets), split, device=device,
-                                dist=dist, dataset=dataset, backend=backend)
+        return build_loader(apply_overrides(recipe.copy(), [f'loader.backend="{backend}"', *sets]),
+                            split, device=device, dist=dist, dataset=dataset)
     build = resolve_backend(backend)
     spec, tuning = autotuned(spec, backend, build)
     loader = build(spec)

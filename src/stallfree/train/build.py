@@ -60,10 +60,10 @@ class RunContext:
         t = self.recipe.train
         return t.batch_size * t.accum_steps * self.dist.world_size
 
-    def loader(self, split: str, backend: str | None = None) -> Loader:
-        """This rank's loader of `split` (the recipe's backend unless another is named)."""
+    def loader(self, split: str) -> Loader:
+        """This rank's loader of `split`, from the recipe's `loader.backend`."""
         return build_loader(self.recipe, split, device=self.device, dist=self.dist,
-                            dataset=self.dataset, backend=backend)
+                            dataset=self.dataset)
 
     def facts(self) -> dict[str, Any]:
         """What produced a summary's figures: backend, device, resolved precision, world, batch."""
