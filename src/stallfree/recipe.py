@@ -64,6 +64,12 @@ class AugmentConfig:
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 4.0 / 3.0])
     hflip: float = 0.5
+    # Random erasing (Zhong et al. 2017; torchvision's RandomErasing, timm's re_prob): with this
+    # probability a rectangle of erasing_scale of the crop's area and an aspect ratio in
+    # erasing_ratio is filled with the mean colour (0 after normalisation). Both loaders.
+    random_erasing: float = 0.0
+    erasing_scale: list[float] = field(default_factory=lambda: [0.02, 0.33])
+    erasing_ratio: list[float] = field(default_factory=lambda: [0.3, 3.3])
     # Batch mixing on the device after either loader (0: off); mix_prob: share of batches mixed.
     mixup_alpha: float = field(default=0.0, metadata=_at_least(0))
     cutmix_alpha: float = field(default=0.0, metadata=_at_least(0))
@@ -338,7 +344,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
 def validate(recipe: Recipe) -> None:
     """Rules that span several keys (one key's own rules are checked when it is set)."""
     aug = recipe.augment
-    for key in ("scale", "ratio"):
+    for key in ("scale", "ratio", "erasing_scale", "erasing_ratio"):
         lo_hi = getattr(aug, key)
         if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1]:
             raise RecipeError(f"augment.{key} = {lo_hi}; expected [low, high] with 0 < low <= high")
@@ -350,7 +356,7 @@ def validate(recipe: Recipe) -> None:
             f"augment.resize_size ({aug.resize_size}) < the val crop ({aug.val_size}: "
             "augment.val_image_size, else the last augment.image_size); the val center crop "
             "needs resize_size >= it")
-    for key in ("hflip", "mix_prob"):
+    for key in ("hflip", "mix_prob", "random_erasing"):
         if not 0 <= getattr(aug, key) <= 1:
             raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")
     if not 0 <= recipe.train.ema_decay < 1:

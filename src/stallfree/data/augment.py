@@ -1,6 +1,7 @@
 """The augmentation spec, implemented for the torch backend (decode and resize: `data/decode.py`).
 
-Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, (normalise on device).
+Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, optional random erasing
+(filled with the mean colour), (normalise on device).
 Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
 Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
 the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val path's sub-pixel
@@ -65,8 +66,25 @@ def train_transform(path: str, aug: AugmentConfig, seed: int,
     # DCT-scaled decode to the smallest size whose crop still covers `size` pixels on both axes.
     reduce = jpeg_reduction(opened, math.ceil(full_w * size / crop_w),
                             math.ceil(full_h * size / crop_h))
-    return decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip,
-                          reduce=reduce)
+    out = decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip,
+                         reduce=reduce)
+    if aug.random_erasing > 0 and rng.random() < aug.random_erasing:
+        out = np.array(out)  # PIL's array is read-only
+        top, left, h, w = erasing_box(size, aug, rng)
+        out[top:top + h, left:left + w] = [round(m * 255) for m in aug.mean]
+    return out
+
+
+def erasing_box(size: int, aug: AugmentConfig, rng: random.Random) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a random-erasing rectangle in a size x size crop: area a share of
+    erasing_scale, log-uniform aspect ratio, clamped to the crop rather than redrawn. The DALI
+    graph draws the same quantities in the same way (normalised coordinates)."""
+    area = rng.uniform(*aug.erasing_scale)
+    ratio = math.exp(rng.uniform(math.log(aug.erasing_ratio[0]), math.log(aug.erasing_ratio[1])))
+    h_frac, w_frac = min(1.0, math.sqrt(area * ratio)), min(1.0, math.sqrt(area / ratio))
+    top_frac, left_frac = rng.random() * (1 - h_frac), rng.random() * (1 - w_frac)
+    return (round(top_frac * size), round(left_frac * size), round(h_frac * size),
+            round(w_frac * size))
 
 
 def val_transform(path: str, aug: AugmentConfig, seed: int = 0,

@@ -17,6 +17,7 @@ decoded one by one to name the file.
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,7 @@ from stallfree.data.startup import cached_bad_files
 from stallfree.parallel import cpu_workers
 
 try:
+    import nvidia.dali.math as dmath
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -98,6 +100,8 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
             images = images.gpu()
         images = fn.resize(images, resize_x=size, resize_y=size, **resize)
         mirror = fn.random.coin_flip(probability=aug.hflip)
+        if aug.random_erasing > 0:
+            images = _random_erasing(images, aug)
     else:
         images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **hints)
         if augment_on_gpu and decode_device == "cpu":
@@ -115,6 +119,21 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
         dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if spec.channels_last else "CHW")
     return images, label.gpu() if augment_on_gpu else label
+
+
+def _random_erasing(images: Any, aug: Any) -> Any:
+    """augment.random_erasing in the graph: the torch backend's `erasing_box`, drawn alike in
+    normalised coordinates (a region of size 0 when the coin says no)."""
+    area = fn.random.uniform(range=aug.erasing_scale)
+    ratio = dmath.exp(fn.random.uniform(range=[math.log(r) for r in aug.erasing_ratio]))
+    h_frac = dmath.min(dmath.sqrt(area * ratio), 1.0)
+    w_frac = dmath.min(dmath.sqrt(area / ratio), 1.0)
+    on = fn.cast(fn.random.coin_flip(probability=aug.random_erasing), dtype=types.FLOAT)
+    anchor = fn.stack(fn.random.uniform(range=[0.0, 1.0]) * (1.0 - h_frac),
+                      fn.random.uniform(range=[0.0, 1.0]) * (1.0 - w_frac))
+    return fn.erase(images, anchor=anchor, shape=fn.stack(h_frac * on, w_frac * on),
+                    axis_names="HW", normalized_anchor=True, normalized_shape=True,
+                    fill_value=[float(round(m * 255)) for m in aug.mean])
 
 
 class DaliLoader(ShardedLoader):
