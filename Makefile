@@ -8,7 +8,7 @@ DEMO   := data/demo
 # torch==2.13.0 is installed first only when no torch is present: a bare `torch` requirement
 # would otherwise pull a multi-GB CUDA build; inside the NVIDIA container its own torch is kept.
 TORCH_PIN ?= torch==2.13.0
-EXTRAS ?= test,plot,dali,fast
+EXTRAS ?= test,plot,dali,fast,track
 
 .PHONY: demo test install clean
 

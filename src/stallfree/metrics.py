@@ -129,14 +129,76 @@ class TensorBoardSink:
         self.writer.close()
 
 
-def open_sinks(run_dir: Path, tensorboard: bool = True) -> list[JsonlSink | Sink]:
-    """metrics.jsonl always; TensorBoard when the package is importable."""
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """A record's finite numbers other than the step: what trackers plot."""
+    return {k: float(v) for k, v in record.items() if k != "step" and not isinstance(v, bool)
+            and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+class MlflowSink:
+    """Metrics to MLflow: the server or store MLFLOW_TRACKING_URI names, else a local file
+    store in RUN/mlruns (no server; `mlflow ui --backend-store-uri RUN/mlruns` shows it)."""
+
+    def __init__(self, run_dir: Path, params: dict[str, Any]) -> None:
+        # MLflow 3 keeps the file store only on request; it is the serverless choice here.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name("stallfree")
+        experiment_id = experiment.experiment_id if experiment is not None else \
+            self.client.create_experiment("stallfree")
+        self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+        items = [Param(k, str(v)[:500]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def write(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        now, step = int(time.time() * 1000), int(record.get("step", 0))
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step)
+                                                    for k, v in _numbers(record).items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+class WandbSink:
+    """Metrics to Weights & Biases, offline by default (RUN/wandb; `wandb sync` uploads it);
+    WANDB_MODE=online and WANDB_PROJECT as W&B reads them."""
+
+    def __init__(self, run_dir: Path, params: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, config=params,
+                              project=os.environ.get("WANDB_PROJECT", "stallfree"),
+                              mode=os.environ.get("WANDB_MODE", "offline"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.run.log(_numbers(record), step=int(record.get("step", 0)))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+TRACKERS = {"mlflow": (MlflowSink, "mlflow-skinny"), "wandb": (WandbSink, "wandb")}
+
+
+def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...] = (),
+               params: dict[str, Any] | None = None) -> list[JsonlSink | Sink]:
+    """metrics.jsonl always; TensorBoard when the package is importable; the trackers asked
+    for (train.trackers), given the flattened recipe as their run's parameters."""
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if tensorboard:
         try:
             sinks.append(TensorBoardSink(run_dir / "tb"))
         except ImportError:
             pass
+    for name in trackers:
+        sinks.append(TRACKERS[name][0](run_dir, params or {}))
     return sinks
 
 
@@ -147,8 +209,9 @@ class SinkSet:
     def __init__(self, sinks: list[Sink] | None = None) -> None:
         self.sinks: list[Sink] = list(sinks or [])
 
-    def open(self, run_dir: Path) -> None:
-        self.sinks += open_sinks(run_dir)
+    def open(self, run_dir: Path, trackers: tuple[str, ...] = (),
+             params: dict[str, Any] | None = None) -> None:
+        self.sinks += open_sinks(run_dir, trackers=trackers, params=params)
 
     def write(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:

@@ -135,6 +135,9 @@ class TrainConfig:
     max_grad_norm: float = field(default=0.0, metadata=_at_least(0))  # 0: no clipping
     seed: int = 0
     log_every: int = field(default=20, metadata=_at_least(1))
+    # Beside metrics.jsonl (and TensorBoard when installed): "mlflow" (a local store in
+    # RUN/mlruns, or MLFLOW_TRACKING_URI) and "wandb" (offline unless WANDB_MODE says otherwise).
+    trackers: list[Literal["mlflow", "wandb"]] = field(default_factory=list)
     channels_last: bool = False
     sync_bn: bool = False  # BatchNorm statistics over all ranks (DDP on CUDA)
     compile: bool = False  # torch.compile the model

@@ -5,6 +5,7 @@ Trainer. Shared by `train`, `eval` and `bench`, so each fact has one place where
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import warnings
 from typing import Any
@@ -82,10 +83,22 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
+    _check_trackers(recipe.train.trackers)
     if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
                                            and recipe.loader.synthetic_decode == "auto"):
         recipe = resolve_auto_loader(recipe, device, dist)
     return RunContext(recipe, device, dist)
+
+
+def _check_trackers(trackers: list[str]) -> None:
+    """A tracker asked for must import now, before anything is written."""
+    from stallfree.metrics import TRACKERS
+
+    for name in trackers:
+        if importlib.util.find_spec(name) is None:
+            raise RecipeError(f"train.trackers includes {name!r} but it is not installed: pip "
+                              f"install {TRACKERS[name][1]} (or 'stallfree[track]'), or remove "
+                              "it from train.trackers")
 
 
 def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:

@@ -37,6 +37,17 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed)
 
 
+def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The recipe as "section.key" -> value: a tracker's run parameters."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _check_batches(loader: Loader, ctx: RunContext) -> None:
     if len(loader) == 0:
         raise RecipeError(
@@ -92,7 +103,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         _barrier_after_checks()
         if dist.rank == 0:
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
-            sinks.open(run.path)
+            sinks.open(run.path, tuple(recipe.train.trackers), _flat(recipe.to_dict()))
             if loaders["train"].autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
         _announce(ctx, found, start_epoch, trainer)

@@ -1,0 +1,43 @@
+"""train.trackers: MLflow (a local store) and Weights & Biases (offline) beside metrics.jsonl."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from helpers import small_recipe
+from stallfree.recipe import RecipeError
+from stallfree.train.run import train
+
+
+def test_mlflow_and_wandb_record_the_run(image_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow", reason="the track extra: pip install -e '.[track]'")
+    pytest.importorskip("wandb", reason="the track extra: pip install -e '.[track]'")
+    from mlflow.tracking import MlflowClient
+
+    run = tmp_path / "run"
+    recipe = small_recipe(image_root, train={"epochs": 2, "trackers": ["mlflow", "wandb"]})
+    summary = train(recipe, run, progress=False)
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("stallfree").experiment_id])
+    assert found.info.status == "FINISHED" and found.info.run_name == "run"
+    assert found.data.params["train.epochs"] == "2"
+    history = client.get_metric_history(found.info.run_id, "val_top1")
+    assert [m.step for m in history] == [7, 14]
+    assert history[-1].value == pytest.approx(summary["val_top1"])
+    assert len(client.get_metric_history(found.info.run_id, "loss")) == 14
+    offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_a_missing_tracker_is_named_before_anything_is_written(
+        image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    recipe = small_recipe(image_root, train={"trackers": ["wandb"]})
+    with pytest.raises(RecipeError, match="train.trackers includes 'wandb'.*pip install wandb"):
+        train(recipe, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
