@@ -61,7 +61,9 @@ def best_state(trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int) -
 
 def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
             device: torch.device) -> int:
-    """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue.
+    """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue: the
+    loader's, the one place the epoch is kept (the checkpoint's top-level "epoch" is a copy of
+    it for the checks that run before any loader exists).
 
     Under another world size the loader continues from the same global sample (positions are
     counted in samples of the epoch's order); a rank the checkpoint did not have keeps its
@@ -73,7 +75,7 @@ def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
     loader.load_state_dict((mine or ranks[0])["loader"])
     if mine is not None:
         set_rng_state(mine["rng"], device)
-    return int(state["epoch"])
+    return loader.epoch
 
 
 def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:

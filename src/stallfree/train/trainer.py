@@ -355,7 +355,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
             "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
-                         "nonfinite_in_row": self._nonfinite_in_row, "epoch": self.epoch,
+                         "nonfinite_in_row": self._nonfinite_in_row,
                          "best_val_top1": self.best_val_top1},
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
@@ -375,7 +375,9 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         counters = state["counters"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
-        self._nonfinite_in_row, self.epoch = counters["nonfinite_in_row"], counters["epoch"]
+        # The epoch is the loader's to keep (its state is where a run resumes); `fit` hands it
+        # to the trainer at each pass. A 0.2 checkpoint's counters still carry one: ignored.
+        self._nonfinite_in_row = counters["nonfinite_in_row"]
         self.best_val_top1 = float(counters.get("best_val_top1", -1.0))  # absent before 0.3
 
     def _emit(self, record: dict[str, Any]) -> None:
