@@ -4,7 +4,8 @@
    (the probe `stallfree doctor` runs: DALI falls back to the CPU with only a warning).
 2. On a GPU whose nvJPEG path fails, `dali` decoding on the CPU and augmenting on the GPU,
    when this rank has at least `_DALI_CPU_MIN_CORES` cores: DALI's CPU decode needs threads
-   to keep a GPU busy, and with fewer the torch backend's workers do as well.
+   to keep a GPU busy, and with fewer the torch backend's workers do as well (a judgement,
+   not a measurement: no GPU has been lent to measure where the two cross).
 3. On a CPU run, `CPU_CHOICE` (torch; the measurements behind it are beside it).
 4. Otherwise `torch`, which needs nothing beyond torch and Pillow.
 
@@ -27,7 +28,8 @@ _DALI_CPU_MIN_CORES = 4
 # loader mode): dali 492 and torch 457 img/s, within that VM's +-10% run-to-run spread; torch
 # held 299 MB against DALI's 544, needs no extra package, and refuses a JPEG with corrupt
 # entropy data that DALI decodes to garbled pixels without an error. On a CPU the model's
-# compute dominates a step anyway (data-wait under 2% for both in train mode).
+# compute dominates a step anyway (train-mode data-wait 0.2-1.1% for both in RESULTS.md's
+# 2-core Xeon run; 4.3% dali and 2.7% torch in the 48 px demo on the EPYC).
 CPU_CHOICE = "torch"
 
 
