@@ -74,5 +74,5 @@ def choose_backend(device: torch.device, local_world_size: int = 1) -> tuple[str
         return "dali", [], "CPU run: DALI's CPU graph measured fastest here"
     if CPU_CHOICE == "dali":
         return "torch", [], f"CPU run: {dali_problem}"
-    return "torch", [], ("CPU run: torch measured as fast as DALI's CPU graph in less memory "
-                         "(benchmarks/RESULTS.md)")
+    return "torch", [], ("CPU run: torch measured within the spread of DALI's CPU graph, in "
+                         "about half the memory (benchmarks/RESULTS.md)")
