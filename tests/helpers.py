@@ -28,6 +28,26 @@ class TensorLoader(ShardedLoader):
                              for ids in map(torch.from_numpy, self.remaining_ids()))
 
 
+def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tuple[Any, Any, Any]:
+    """(run context, train loader, trainer) of the recipe at `path` shrunk to a CPU step on
+    `image_root`: batch 4, fp32, torch loader in the main process, plus `overrides`."""
+    import warnings
+
+    from stallfree.recipe import apply_overrides, load_recipe
+    from stallfree.train.build import build_trainer, prepare
+
+    recipe = apply_overrides(load_recipe(path), [
+        f'data.root="{image_root}"', "train.batch_size=4", 'train.device="cpu"',
+        'train.precision="fp32"', 'loader.backend="torch"', "loader.torch.workers=0",
+        *overrides])
+    ctx = prepare(recipe)
+    loader = ctx.loader("train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
+        trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
+    return ctx, loader, trainer
+
+
 def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:
     """A fast CPU recipe over `root`; `sections` override tables key by key."""
     raw: dict[str, dict[str, Any]] = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import warnings
 from itertools import islice
 from pathlib import Path
 
@@ -53,21 +52,15 @@ def test_resume_across_a_size_change_is_bitwise(image_root: Path, tmp_path: Path
 def test_the_ffcv_recipe_trains_a_step_at_each_size(image_root: Path) -> None:
     """pipelines/imagenet-resnet50-16ep.toml's schedule (160 px, then 192 from epoch 12; val at
     256) on small images: one CPU step at each train size, the val size checked."""
-    from stallfree.recipe import apply_overrides, load_recipe
-    from stallfree.train.build import build_trainer, prepare
+    from helpers import one_step_trainer
+    from stallfree.recipe import load_recipe
 
-    recipe = load_recipe(Path(__file__).parents[1] / "pipelines" / "imagenet-resnet50-16ep.toml")
+    path = Path(__file__).parents[1] / "pipelines" / "imagenet-resnet50-16ep.toml"
+    recipe = load_recipe(path)
     assert recipe.augment.image_size == [[0, 160], [12, 192]] and recipe.augment.val_size == 256
-    recipe = apply_overrides(recipe, [
-        f'data.root="{image_root}"', "augment.image_size=[[0, 32], [12, 40]]",
-        "augment.val_image_size=48", "augment.resize_size=55", "train.batch_size=4",
-        'train.device="cpu"', 'train.precision="fp32"', "train.channels_last=false",
-        'loader.backend="torch"', "loader.torch.workers=0"])
-    ctx = prepare(recipe)
-    loader = ctx.loader("train")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
-        trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
+    ctx, loader, trainer = one_step_trainer(path, image_root, [
+        "augment.image_size=[[0, 32], [12, 40]]", "augment.val_image_size=48",
+        "augment.resize_size=55", "train.channels_last=false"])
     for epoch, side in ((0, 32), (12, 40)):
         loader.set_epoch(epoch)
         batch = next(iter(loader))

@@ -127,21 +127,12 @@ def test_nested_loader_tables_and_overrides() -> None:
 @pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("imagenet-*.toml")),
                          ids=lambda p: p.name)
 def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None:
-    import warnings
     from itertools import islice
 
-    from stallfree.train.build import build_trainer, prepare
+    from helpers import one_step_trainer
 
-    recipe = apply_overrides(load_recipe(path), [
-        f'data.root="{image_root}"', "augment.image_size=32", "augment.resize_size=36",
-        "augment.val_image_size=0",
-        "train.batch_size=4", 'train.device="cpu"', 'train.precision="fp32"',
-        'loader.backend="torch"', "loader.torch.workers=0"])
-    ctx = prepare(recipe)
-    loader = ctx.loader("train")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
-        trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
+    _, loader, trainer = one_step_trainer(path, image_root, [
+        "augment.image_size=32", "augment.resize_size=36", "augment.val_image_size=0"])
     trainer.train_batches(islice(iter(loader), 1), 1)
     assert trainer.optimizer_steps == 1
 

@@ -42,12 +42,7 @@ class Checkpointer:
         started = time.perf_counter()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"ckpt-{step:09d}.pt"
-        tmp = self.directory / f".{path.name}.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+        _save_atomic(state, path)
         _write_atomic(self.directory / LATEST, path.name + "\n")
         _fsync_dir(self.directory)
         self._prune(keep_also=path)
@@ -61,12 +56,7 @@ class Checkpointer:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / BEST
-        tmp = self.directory / f".{BEST}.tmp"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _save_atomic(state, path)
         _fsync_dir(self.directory)
         return path
 
@@ -157,6 +147,17 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     cuda = state.get("cuda")
     if isinstance(cuda, torch.Tensor) and cuda.numel() and _is_cuda(device):
         torch.cuda.set_rng_state(cuda, device)
+
+
+def _save_atomic(state: dict[str, Any], path: Path) -> None:
+    """torch.save into a temporary file, fsync, rename: readers see the old file or the new one
+    (atomic on POSIX). The caller fsyncs the directory once its renames are done."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _write_atomic(path: Path, text: str) -> None:
