@@ -13,8 +13,10 @@ from PIL import Image
 from helpers import small_recipe
 from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
-from stallfree.data.registry import BACKENDS, BackendError, resolve_backend
+from stallfree.data.registry import BACKENDS, BackendError, backend_options, resolve_backend
 from stallfree.parallel import DistInfo
+from stallfree.recipe import RecipeError, apply_overrides
+from stallfree.train.build import prepare_recipe
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.data.torch_backend import TorchLoader
 
@@ -152,6 +154,35 @@ def test_plugin_backend_by_module_path(image_root: Path) -> None:
     recipe = small_recipe(image_root, loader={"backend": "stallfree.data.synthetic:build"})
     loader = build_loader(recipe, "train", device=CPU)
     assert len(loader) == 60 // 8
+
+
+def test_plugin_declares_its_own_table(image_root: Path) -> None:
+    """[loader.plugin] is checked against the dataclass the plug-in declares, like the
+    built-in tables: typed, defaults filled in (and so written to the run's recipe.toml),
+    an unknown key or a wrong type refused by name before anything runs."""
+    from plugin_loader import Options
+
+    recipe = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build"}),
+                             ["loader.plugin.brightness=2", "loader.plugin.tag=bright"])
+    loader = build_loader(recipe, "train", device=CPU)
+    assert loader.options_seen == Options(brightness=2.0, tag="bright")
+    assert isinstance(loader.options_seen.brightness, float)
+    prepared = prepare_recipe(small_recipe(image_root, loader={"backend": "plugin_loader:build"}),
+                              DistInfo()).recipe
+    assert prepared.loader.plugin == {"brightness": 1.0, "tag": "plain"}
+    for table, error in (({"brightnes": 2}, "unknown key 'loader.plugin.brightnes'; did you mean "
+                                            "'loader.plugin.brightness'"),
+                         ({"brightness": "high"}, "loader.plugin.brightness: expected float")):
+        bad = small_recipe(image_root, loader={"backend": "plugin_loader:build", "plugin": table})
+        with pytest.raises(RecipeError, match=error):
+            prepare_recipe(bad, DistInfo())
+    silent = small_recipe(image_root, loader={"backend": "plugin_loader:build_without_options",
+                                              "plugin": {"brightness": 2}})
+    with pytest.raises(RecipeError, match="declares no options"):
+        build_loader(silent, "train", device=CPU)
+    # A built-in backend's table comes to it the same way; one without a table gets None.
+    assert backend_options(recipe.loader, "dali") is recipe.loader.dali
+    assert backend_options(recipe.loader, "synthetic") is None
 
 
 def test_synthetic_without_data_root() -> None:

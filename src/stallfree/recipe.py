@@ -70,6 +70,13 @@ class AugmentConfig:
     random_erasing: float = 0.0
     erasing_scale: list[float] = field(default_factory=lambda: [0.02, 0.33])
     erasing_ratio: list[float] = field(default_factory=lambda: [0.3, 3.3])
+    # RandAugment (Cubuk et al. 2020: randaugment_n operations at bin randaugment_m) or
+    # TrivialAugmentWide (Mueller & Hutter 2021: one at a random bin), after the flip, on both
+    # loaders: DALI's nvidia.dali.auto_aug suites, and the same operations in the torch workers.
+    auto_augment: Literal["none", "randaugment", "trivialaugment"] = "none"
+    randaugment_n: int = field(default=2, metadata=_at_least(1))
+    randaugment_m: int = field(default=9, metadata=_at_least(0))
+    magnitude_bins: int = field(default=31, metadata=_at_least(1))
     # Batch mixing on the device after either loader (0: off); mix_prob: share of batches mixed.
     mixup_alpha: float = field(default=0.0, metadata=_at_least(0))
     cutmix_alpha: float = field(default=0.0, metadata=_at_least(0))
@@ -182,7 +189,9 @@ class LoaderConfig:
     prefetch: int = field(default=2, metadata=_at_least(1))  # batches queued ahead
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
-    plugin: dict[str, Any] = field(default_factory=dict)  # free-form keys for a module:function backend
+    # A module:function backend's own keys, checked against the dataclass it declares
+    # (stallfree.data.registry.backend_options).
+    plugin: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -269,10 +278,21 @@ def _set_field(table: Any, path: str, key: str, value: Any, source: str) -> None
             _set_field(getattr(table, key), dotted, sub_key, sub_value, source)
         return
     value = _check_type(value, annotation, f"{source}: {dotted}")
+    if typing.get_origin(annotation) is dict:  # a free table: `--set` adds keys to it
+        value = {**getattr(table, key), **value}
     low = next(f for f in dataclasses.fields(table) if f.name == key).metadata.get("min")
     if low is not None and isinstance(value, (int, float)) and value < low:
         raise RecipeError(f"{source}: {dotted} = {value!r} must be >= {low}")
     setattr(table, key, value)
+
+
+def table_from_dict(cls: type[Any], raw: dict[str, Any], path: str, source: str) -> Any:
+    """A dataclass table (`cls()` updated from `raw`) under the rules of a recipe's own tables:
+    what checks a loader plug-in's declared options."""
+    table = cls()
+    for key, value in raw.items():
+        _set_field(table, path, key, value, source)
+    return table
 
 
 def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
@@ -359,6 +379,9 @@ def validate(recipe: Recipe) -> None:
             f"augment.resize_size ({aug.resize_size}) < the val crop ({aug.val_size}: "
             "augment.val_image_size, else the last augment.image_size); the val center crop "
             "needs resize_size >= it")
+    if aug.randaugment_m >= aug.magnitude_bins:
+        raise RecipeError(f"augment.randaugment_m = {aug.randaugment_m} must be below "
+                          f"augment.magnitude_bins ({aug.magnitude_bins}); bins count from 0")
     for key in ("hflip", "mix_prob", "random_erasing"):
         if not 0 <= getattr(aug, key) <= 1:
             raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")

@@ -1,7 +1,8 @@
 """The augmentation spec, implemented for the torch backend (decode and resize: `data/decode.py`).
 
-Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, optional random erasing
-(filled with the mean colour), (normalise on device).
+Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, optional RandAugment or
+TrivialAugmentWide (`data/autoaug.py`), optional random erasing (filled with the mean colour),
+(normalise on device).
 Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
 Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
 the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val path's sub-pixel
@@ -19,6 +20,7 @@ import random
 
 import numpy as np
 
+from stallfree.data.autoaug import auto_augment
 from stallfree.data.decode import decode_resized, jpeg_reduction, open_image
 from stallfree.data.imageio import DEFAULT_MAX_PIXELS, open_rgb
 from stallfree.recipe import AugmentConfig
@@ -68,6 +70,9 @@ def train_transform(path: str, aug: AugmentConfig, seed: int,
                             math.ceil(full_h * size / crop_h))
     out = decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip,
                          reduce=reduce)
+    if aug.auto_augment != "none":
+        out = auto_augment(out, aug.auto_augment, rng, n=aug.randaugment_n, m=aug.randaugment_m,
+                           bins=aug.magnitude_bins)
     if aug.random_erasing > 0 and rng.random() < aug.random_erasing:
         out = np.array(out)  # PIL's array is read-only
         top, left, h, w = erasing_box(size, aug, rng)

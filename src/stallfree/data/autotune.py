@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from stallfree.data.registry import BACKENDS
 from stallfree.log import LOGGER
 from stallfree.parallel import cpu_workers
+from stallfree.recipe import LoaderConfig
 
 if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
     from stallfree.data.loader import Loader, LoaderSpec
@@ -29,13 +31,18 @@ if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
 IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
 _chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
 
-# backend -> (recipe key, getter, setter) of the count it tunes
-KNOBS: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any, int], None]]] = {
-    "torch": ("loader.torch.workers", lambda c: c.torch.workers,
-              lambda c, n: setattr(c.torch, "workers", n)),
-    "dali": ("loader.dali.threads", lambda c: c.dali.threads,
-             lambda c, n: setattr(c.dali, "threads", n)),
-}
+
+
+def _knob(backend: str) -> tuple[str, str] | None:
+    """(table, key) of the count `backend` tunes, as its registry entry declares, or None."""
+    entry = BACKENDS.get(backend)
+    return (entry.table, entry.tuned) if entry is not None and entry.tuned else None
+
+
+def _with_count(config: LoaderConfig, knob: tuple[str, str], count: int) -> LoaderConfig:
+    config = copy.deepcopy(config)
+    setattr(getattr(config, knob[0]), knob[1], count)
+    return config
 
 
 def candidates(local_world_size: int) -> list[int]:
@@ -58,26 +65,25 @@ def autotuned(spec: LoaderSpec, backend: str,
               build: Callable[[LoaderSpec], Loader]) -> tuple[LoaderSpec, dict[str, Any] | None]:
     """`spec` with its "auto" count replaced by the measured best, and the figures (None when
     nothing was "auto")."""
-    if backend not in KNOBS or KNOBS[backend][1](spec.loader) != "auto":
+    knob = _knob(backend)
+    if knob is None or getattr(getattr(spec.loader, knob[0]), knob[1]) != "auto":
         return spec, None
-    key, _, set_count = KNOBS[backend]
     cache_key = (backend, spec.dist.local_world_size)
     if cache_key not in _chosen:
-        _chosen[cache_key] = _measure(spec, build, key, set_count)
+        _chosen[cache_key] = _measure(spec, build, knob)
     chosen, figures = _chosen[cache_key]
-    loader_config = copy.deepcopy(spec.loader)
-    set_count(loader_config, chosen)
-    return dataclasses.replace(spec, loader=loader_config), figures
+    config = _with_count(spec.loader, knob, chosen)
+    return dataclasses.replace(spec, loader=config, options=getattr(config, knob[0])), figures
 
 
-def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], key: str,
-             set_count: Callable[[Any, int], None]) -> tuple[int, dict[str, Any]]:
+def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader],
+             knob: tuple[str, str]) -> tuple[int, dict[str, Any]]:
+    key = f"loader.{knob[0]}.{knob[1]}"
     rates: dict[int, float] = {}
     started = time.perf_counter()
     for count in candidates(spec.dist.local_world_size):
-        config = copy.deepcopy(spec.loader)
-        set_count(config, count)
-        loader = build(dataclasses.replace(spec, loader=config))
+        config = _with_count(spec.loader, knob, count)
+        loader = build(dataclasses.replace(spec, loader=config, options=getattr(config, knob[0])))
         try:
             batches = min(max(2, math.ceil(IMAGES / spec.batch_size)), len(loader) - 1)
             if batches < 1:  # a split too small to time: this rank's share, unmeasured

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stallfree.data.autoaug import FILL, SUITES
 from stallfree.data.headers import read_bytes
 from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
@@ -37,6 +38,7 @@ from stallfree.parallel import cpu_workers
 try:
     import nvidia.dali.math as dmath
     from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.auto_aug import rand_augment, trivial_augment
     from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 except ImportError as exc:  # only raised when --loader dali is chosen
@@ -70,7 +72,8 @@ class DataPipelineError(StallfreeError, RuntimeError):
     """The DALI pipeline stopped on a file it could not read; the message names it."""
 
 
-@pipeline_def(enable_checkpointing=True)
+# Conditionals: the auto-augment policies pick an operation per sample with `if`.
+@pipeline_def(enable_checkpointing=True, enable_conditionals=True)
 def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, decode_device: str,
                    augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
     """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source()`
@@ -100,6 +103,8 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
             images = images.gpu()
         images = fn.resize(images, resize_x=size, resize_y=size, **resize)
         mirror = fn.random.coin_flip(probability=aug.hflip)
+        if aug.auto_augment != "none":
+            images = _auto_augment(images, aug)
         if aug.random_erasing > 0:
             images = _random_erasing(images, aug)
     else:
@@ -119,6 +124,24 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
         dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
         output_layout="HWC" if spec.channels_last else "CHW")
     return images, label.gpu() if augment_on_gpu else label
+
+
+def _auto_augment(images: Any, aug: Any) -> Any:
+    """augment.auto_augment in the graph: DALI's own suites, with the translation range and
+    fill that `stallfree.data.autoaug` (the torch backend's twin) declares. The flip comes
+    after it here (in crop_mirror_normalize) and before it in the torch backend: the same
+    distribution, as every geometric operation's sign is random."""
+    translate = SUITES[aug.auto_augment][0].high
+    common = {"num_magnitude_bins": aug.magnitude_bins, "shape": images.shape(),
+              "max_translate_rel": translate, "fill_value": FILL}
+    with warnings.catch_warnings():
+        # DALI's suites call the deprecated experimental aliases of filter and equalize, and
+        # DALI forces that warning past every filter, once per operation and run.
+        warnings.showwarning = lambda *args, **kwargs: None
+        if aug.auto_augment == "randaugment":
+            return rand_augment.rand_augment(images, n=aug.randaugment_n, m=aug.randaugment_m,
+                                             **common)
+        return trivial_augment.trivial_augment_wide(images, **common)
 
 
 def _random_erasing(images: Any, aug: Any) -> Any:

@@ -17,7 +17,7 @@ from stallfree.data.autotune import autotuned
 from stallfree.data.dataset import Dataset, class_count, resolve_dataset
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
-from stallfree.data.registry import AUTO, BackendError, resolve_backend
+from stallfree.data.registry import AUTO, BackendError, backend_options, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.data.startup import bad_headers_at_start
 from stallfree.parallel import DistInfo
@@ -51,6 +51,9 @@ class LoaderSpec:
     synthetic_samples: int = 0  # dataset size the synthetic backend pretends when there is no data
     sources: tuple[str, ...] = ()  # folders or shards the listing came from (cache keys)
     checked_by: tuple[str, int] | None = None  # (version, max_pixels) of a data check list
+    # The backend's own table, typed: [loader.torch], [loader.dali], or a plug-in's declared
+    # options checked from [loader.plugin] (registry.backend_options); None when it has none.
+    options: Any = None
 
     @property
     def train(self) -> bool:
@@ -215,6 +218,7 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         return build_loader(apply_overrides(recipe.copy(), [f'loader.backend="{backend}"', *sets]),
                             split, device=device, dist=dist, dataset=dataset)
     build = resolve_backend(backend)
+    spec.options = backend_options(recipe.loader, backend)
     spec, tuning = autotuned(spec, backend, build)
     loader = build(spec)
     loader.autotune = tuning

@@ -5,25 +5,43 @@ Torch-free, so the CLI can list the backends without importing torch.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stallfree.errors import StallfreeError
+from stallfree.recipe import LoaderConfig, RecipeError, table_from_dict
 
 
 class BackendError(StallfreeError, ValueError):
     """An unknown backend or one whose optional dependency is missing."""
 
 
-# name -> "module:function"; the function takes a LoaderSpec and returns a Loader.
-BACKENDS: dict[str, str] = {
-    "torch": "stallfree.data.torch_backend:build",
-    "synthetic": "stallfree.data.synthetic:build",
-    "dali": "stallfree.data.dali_backend:build",
-    "synthetic-decode": "stallfree.data.synthetic_decode:build",
+@dataclass(frozen=True)
+class Backend:
+    """What stallfree knows of a backend, in one place: its builder ("module:function", taking
+    a LoaderSpec and returning a Loader), the `[loader.<table>]` of its own keys (typed in
+    recipe.py, so that a recipe is checked without importing torch or DALI), and the key of
+    that table that `"auto"` tunes (data/autotune.py)."""
+
+    builder: str
+    table: str = ""
+    tuned: str = ""
+
+
+BACKENDS: dict[str, Backend] = {
+    "torch": Backend("stallfree.data.torch_backend:build", table="torch", tuned="workers"),
+    "synthetic": Backend("stallfree.data.synthetic:build"),
+    "dali": Backend("stallfree.data.dali_backend:build", table="dali", tuned="threads"),
+    # Its own key is loader.synthetic_decode; the pipeline it wraps reads that one's table.
+    "synthetic-decode": Backend("stallfree.data.synthetic_decode:build"),
 }
+# A `module:function` plug-in's keys: checked against the dataclass its builder declares as
+# `build.options = MyOptions` (every field with a default), like the built-in tables.
+PLUGIN_TABLE = "plugin"
 # Resolved before any backend is built (stallfree.data.auto), so not a builder of its own.
 AUTO = "auto"
 
@@ -55,7 +73,7 @@ def installed_peers() -> list[str]:
 
 def resolve_backend(name: str) -> Callable[..., Any]:
     """Look up a registered backend, or a `module:function` plug-in."""
-    target = BACKENDS.get(name, name if ":" in name else None)
+    target = BACKENDS[name].builder if name in BACKENDS else name if ":" in name else None
     if target is None:
         raise BackendError(
             f"unknown loader backend {name!r}; available: {', '.join(BACKENDS)} "
@@ -69,3 +87,27 @@ def resolve_backend(name: str) -> Callable[..., Any]:
     if not callable(getattr(module, func, None)):
         raise BackendError(f"loader backend {name!r}: {module_name} has no function {func!r}")
     return getattr(module, func)
+
+
+def backend_options(loader: LoaderConfig, name: str) -> Any:
+    """The typed table of `name`'s own keys (None for a backend without one). A plug-in's
+    `[loader.plugin]` is checked here against its declared dataclass, and `loader.plugin` is
+    rewritten with the defaults filled in, so the run's recipe.toml shows every value used."""
+    if name in BACKENDS:
+        return getattr(loader, BACKENDS[name].table) if BACKENDS[name].table else None
+    declared = getattr(resolve_backend(name), "options", None)
+    where = f"[loader.{PLUGIN_TABLE}] (for loader.backend = {name!r})"
+    if declared is None:
+        if loader.plugin:
+            raise RecipeError(f"{where} sets {', '.join(loader.plugin)}, but the plug-in declares "
+                              "no options: give its builder `build.options = SomeDataclass` "
+                              "naming them, or remove the table")
+        return None
+    if not dataclasses.is_dataclass(declared) or any(
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            for f in dataclasses.fields(declared)):
+        raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass whose every "
+                           f"field has a default, got {declared!r}")
+    options = table_from_dict(declared, loader.plugin, f"loader.{PLUGIN_TABLE}", where)
+    loader.plugin = dataclasses.asdict(options)
+    return options

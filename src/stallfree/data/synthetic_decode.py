@@ -28,7 +28,7 @@ from stallfree.data.headers import read_bytes
 from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.listing import Listing, ListingBuilder
 from stallfree.data.loader import Batch, Loader, LoaderSpec
-from stallfree.data.registry import BackendError, resolve_backend
+from stallfree.data.registry import BackendError, backend_options, resolve_backend
 
 _FILES = 256
 
@@ -79,7 +79,8 @@ class SyntheticDecodeLoader(Loader):
             self.close()
             raise self._named(bad[0])
         inner_spec = dataclasses.replace(spec, listing=listing, sources=(self.folder,),
-                                         checked_by=(__version__, spec.max_pixels), loader=loader)
+                                         checked_by=(__version__, spec.max_pixels), loader=loader,
+                                         options=backend_options(loader, backend))
         self.inner: Loader = resolve_backend(backend)(inner_spec)
 
     def _named(self, exc: BadImageError) -> BadImageError:

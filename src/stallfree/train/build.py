@@ -17,6 +17,7 @@ from stallfree import __version__
 from stallfree.data.auto import choose_backend
 from stallfree.data.dataset import Dataset, class_count, resolve_dataset
 from stallfree.data.loader import Loader, build_loader
+from stallfree.data.registry import backend_options
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet
 from stallfree.models import build_model
@@ -87,6 +88,7 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
     if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
                                            and recipe.loader.synthetic_decode == "auto"):
         recipe = resolve_auto_loader(recipe, device, dist)
+    backend_options(recipe.loader, recipe.loader.backend)  # a plug-in's table, checked now
     return RunContext(recipe, device, dist)
 
 

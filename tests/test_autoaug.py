@@ -1,0 +1,163 @@
+"""augment.auto_augment: RandAugment and TrivialAugmentWide alike on both loaders.
+
+Each operation of the torch backend's suites (stallfree.data.autoaug) is checked against DALI's
+own (nvidia.dali.auto_aug) at fixed magnitudes and signs; the policies, which draw from
+different random streams, are checked in distribution; both loaders run them end to end.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from helpers import small_recipe
+from stallfree.data.autoaug import FILL, SUITES, apply_op, auto_augment
+from stallfree.data.loader import build_loader
+from stallfree.recipe import RecipeError, apply_overrides, validate
+
+CPU = torch.device("cpu")
+BINS = 31
+
+
+def _images(image_root: Path, count: int = 3) -> list[np.ndarray]:
+    """Small non-square crops of the demo photos (non-square, so x and y cannot swap)."""
+    files = sorted((image_root / "train").rglob("*.jpg"))[:count]
+    return [np.array(Image.open(f).convert("RGB").resize((72, 56))) for f in files]
+
+
+def _run_dali(images: list[np.ndarray], graph) -> list[list[np.ndarray]]:
+    """Run `graph(node)` on `images` through a CPU DALI pipeline: each output, per image."""
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(enable_conditionals=True, batch_size=len(images), num_threads=1,
+                  device_id=None, seed=7)
+    def pipe():
+        return graph(fn.external_source(source=lambda: images, layout="HWC", batch=True))
+
+    pipeline = pipe()
+    pipeline.build()
+    return [[np.asarray(out[i]) for i in range(len(images))] for out in pipeline.run()]
+
+
+def _dali_suite(policy: str) -> list:
+    from nvidia.dali.auto_aug import rand_augment, trivial_augment
+
+    getter = rand_augment.get_rand_augment_suite if policy == "randaugment" else \
+        trivial_augment.get_trivial_augment_wide_suite
+    return getter(use_shape=True, max_translate_rel=SUITES[policy][0].high)
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("policy", sorted(SUITES))
+@pytest.mark.parametrize(("magnitude_bin", "negative"), [(9, False), (24, True)])
+def test_each_operation_matches_dali_at_a_fixed_magnitude(
+        image_root: Path, policy: str, magnitude_bin: int, negative: bool) -> None:
+    """Same suite, in the same order, with the same parameter per bin and sign; every output
+    within one grey level of DALI's (the rounding of the warps' half-pixel weights and of the
+    casts)."""
+    from nvidia.dali import fn, types
+    from nvidia.dali.auto_aug.core import signed_bin
+
+    images = _images(image_root)
+    suite = _dali_suite(policy)
+    assert [op.name.removesuffix("_no_shape") for op in suite] == [op.name for op in SUITES[policy]]
+
+    def every_op(node):
+        sign = fn.random.uniform(values=[int(negative)], dtype=types.INT32)
+        kwargs = {"magnitude_bin": signed_bin(magnitude_bin, random_sign=sign),
+                  "num_magnitude_bins": BINS, "shape": node.shape(), "fill_value": FILL}
+        return tuple(op(node, **{k: v for k, v in kwargs.items()
+                                 if k in ("magnitude_bin", "num_magnitude_bins")
+                                 or k in op.op.__code__.co_varnames}) for op in suite)
+
+    dali_out = _run_dali(images, every_op)
+    for op, per_image in zip(SUITES[policy], dali_out, strict=True):
+        value = op.value(magnitude_bin, BINS, negative)
+        for image, expected in zip(images, per_image, strict=True):
+            ours = apply_op(torch.from_numpy(image).permute(2, 0, 1), op.name, value)
+            diff = np.abs(ours.permute(1, 2, 0).numpy().astype(int) - expected.astype(int))
+            assert diff.max() <= 1 and diff.mean() < 0.5, (op.name, value, diff.max(), diff.mean())
+            if op.name != "identity" and value not in (0.0, 256.0):
+                assert not np.array_equal(expected, image) or op.name in ("posterize",), op.name
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic."""
+    grid = np.sort(np.concatenate([a, b]))
+    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)  # noqa: E731
+    return float(np.abs(cdf(a) - cdf(b)).max())
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("policy", sorted(SUITES))
+def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
+    """The same image through each loader's policy 384 times: how far the outputs move from
+    the input (mean absolute change) and their mean level follow one distribution (KS test at
+    a 0.1% false-alarm rate), and each draws a fresh operation per image."""
+    from stallfree.data.dali_backend import _auto_augment
+
+    image = _images(image_root, 1)[0]
+    aug = small_recipe(image_root, augment={"auto_augment": policy}).augment
+    copies = 64
+    dali_out = [out for _ in range(6)
+                for out in _run_dali([image] * copies, lambda node: _auto_augment(node, aug))[0]]
+    rng = random.Random(3)
+    torch_out = [auto_augment(image, policy, rng, n=aug.randaugment_n, m=aug.randaugment_m,
+                              bins=aug.magnitude_bins) for _ in range(len(dali_out))]
+    critical = 1.95 * np.sqrt(2 / len(dali_out))
+    for statistic in (lambda x: np.abs(x.astype(float) - image).mean(), lambda x: x.mean()):
+        ours = np.array([statistic(x) for x in torch_out])
+        theirs = np.array([statistic(x) for x in dali_out])
+        assert _ks(ours, theirs) < critical, (policy, ours.mean(), theirs.mean())
+        assert len(np.unique(ours.round(3))) > 30  # not one operation for every image
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_both_loaders_train_with_a_policy(image_root: Path, backend: str) -> None:
+    """A train epoch with RandAugment: the batch contract holds, the pixels differ from the
+    epoch without it, and two loaders of one seed agree (resume depends on it)."""
+    def first_batch(policy: str) -> torch.Tensor:
+        recipe = small_recipe(image_root, augment={"auto_augment": policy},
+                              loader={"backend": backend})
+        loader = build_loader(recipe, "train", device=CPU)
+        loader.set_epoch(1)
+        images = next(iter(loader)).images
+        loader.close()
+        return images
+
+    plain, augmented = first_batch("none"), first_batch("randaugment")
+    assert augmented.shape == plain.shape and augmented.dtype == torch.float32
+    assert torch.isfinite(augmented).all() and not torch.equal(plain, augmented)
+    assert torch.equal(augmented, first_batch("randaugment"))
+
+
+def test_bad_policy_settings_are_refused(image_root: Path) -> None:
+    for bad, named in (('augment.auto_augment="autoaugment"', "augment.auto_augment"),
+                       ("augment.randaugment_m=31", "augment.randaugment_m"),
+                       ("augment.randaugment_n=0", "augment.randaugment_n")):
+        with pytest.raises(RecipeError, match=named):
+            validate(apply_overrides(small_recipe(image_root), [bad]))
+
+
+@pytest.mark.gpu
+@pytest.mark.dali
+@pytest.mark.parametrize("policy", sorted(SUITES))
+def test_policies_run_in_the_gpu_graph(image_root: Path, policy: str) -> None:
+    """With nvJPEG the policies run on the GPU (DALI's GPU operators), and the batches are
+    as on the CPU: finite, on the device, and not the plain crops."""
+    def first(auto_augment: str) -> torch.Tensor:
+        recipe = small_recipe(image_root, augment={"auto_augment": auto_augment},
+                              loader={"backend": "dali"}, train={"precision": "fp32"})
+        loader = build_loader(recipe, "train", device=torch.device("cuda"))
+        images = next(iter(loader)).images
+        loader.close()
+        return images
+
+    augmented = first(policy)
+    assert augmented.is_cuda and torch.isfinite(augmented).all()
+    assert not torch.equal(augmented, first("none"))
