@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import json
 import sys
 import types
 import typing
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stallfree.errors import StallfreeError
+from stallfree.tomlwrite import dumps_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -403,33 +403,5 @@ def _check_size_schedule(sizes: int | list[list[int]]) -> None:
 
 
 def dump_toml(recipe: Recipe) -> str:
-    """Serialise a recipe as TOML (tomli-w when installed; a small writer for recipes otherwise,
-    so that a bare machine that lacks tomli-w still trains)."""
-    try:
-        import tomli_w
-    except ImportError:
-        return _toml_tables(recipe.to_dict())
-    return tomli_w.dumps(recipe.to_dict())
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        text = repr(value)
-        return {"inf": "inf", "-inf": "-inf", "nan": "nan"}.get(text, text)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON's escapes are TOML basic-string escapes
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} as TOML")
-
-
-def _toml_tables(data: dict[str, Any], prefix: str = "") -> str:
-    """Tables of scalars and lists, with nested tables, as a recipe's to_dict() has them."""
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    out = (f"[{prefix}]\n" if prefix else "") + "".join(line + "\n" for line in scalars)
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out += ("\n" if out else "") + _toml_tables(value, f"{prefix}.{key}" if prefix else key)
-    return out
+    """Serialise a recipe as TOML (the form of recipe.toml and of `--set` round trips)."""
+    return dumps_toml(recipe.to_dict())

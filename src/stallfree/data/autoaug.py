@@ -101,7 +101,9 @@ def _sharpen(img: torch.Tensor, magnitude: float) -> torch.Tensor:
     ident = torch.zeros(3, 3)
     ident[1, 1] = 1
     kernel = (-magnitude * blur + (1 + magnitude) * ident).expand(3, 1, 3, 3)
-    padded = F.pad(img[None].float(), (1, 1, 1, 1), mode="reflect")
+    # Reflect-101 needs 2 pixels a side; a 1-pixel side can only repeat its pixel.
+    mode = "reflect" if min(img.shape[1:]) >= 2 else "replicate"
+    padded = F.pad(img[None].float(), (1, 1, 1, 1), mode=mode)
     return _to_uint8(F.conv2d(padded, kernel, groups=3)[0])
 
 

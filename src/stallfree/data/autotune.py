@@ -32,7 +32,6 @@ IMAGES = 256  # timed per candidate: enough to average over decode sizes, a seco
 _chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
 
 
-
 def _knob(backend: str) -> tuple[str, str] | None:
     """(table, key) of the count `backend` tunes, as its registry entry declares, or None."""
     entry = BACKENDS.get(backend)
