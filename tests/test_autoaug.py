@@ -161,3 +161,45 @@ def test_policies_run_in_the_gpu_graph(image_root: Path, policy: str) -> None:
     augmented = first(policy)
     assert augmented.is_cuda and torch.isfinite(augmented).all()
     assert not torch.equal(augmented, first("none"))
+
+
+def _one_sided_wedges(images: torch.Tensor) -> tuple[int, int]:
+    """Outputs whose fill (128) covers a one-sided wedge of the frame: a whole top or bottom
+    row, and far more of one side column than the other (shear_y's, about the origin).
+    (right, left) counts."""
+    fill = ((images - 128).abs() <= 2).all(dim=1)  # N x H x W
+    rows = torch.maximum(fill[:, 0].sum(1), fill[:, -1].sum(1))
+    left, right = fill[:, :, 0].sum(1), fill[:, :, -1].sum(1)
+    full = rows >= fill.shape[2] - 3
+    return (int((full & (right > left + 3) & (left <= 1)).sum()),
+            int((full & (left > right + 3) & (right <= 1)).sum()))
+
+
+@pytest.mark.dali
+def test_the_flip_comes_before_the_policy_on_both_loaders(tmp_path: Path) -> None:
+    """A shear about the origin uncovers a wedge on one side only; a flip after the policy
+    would move it to the other. Flat grey images, every one flipped: both loaders put the
+    wedges on the same side."""
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        for k in range(128):
+            Image.new("RGB", (40, 40), (230, 230, 230)).save(tmp_path / split / "a" / f"{k}.png")
+    counts = {}
+    for backend in ("torch", "dali"):
+        recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 128},
+                              augment={"auto_augment": "trivialaugment", "image_size": 40,
+                                       "resize_size": 40, "scale": [1.0, 1.0],
+                                       "ratio": [1.0, 1.0], "hflip": 1.0,
+                                       "mean": [0.0] * 3, "std": [1 / 255] * 3})
+        loader = build_loader(recipe, "train", device=CPU)
+        found = np.zeros(2, dtype=int)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                found += _one_sided_wedges(batch.images.round())
+        loader.close()
+        counts[backend] = found
+    for right, left in counts.values():
+        # shear_y (1/14 of 384 images) puts its wedge on the right; a flip after the policy
+        # would put it on the left (DALI's graph did: right 1, left 22 of 384).
+        assert right >= 10 and right > 4 * left, counts

@@ -104,7 +104,10 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
         images = fn.resize(images, resize_x=size, resize_y=size, **resize)
         mirror = fn.random.coin_flip(probability=aug.hflip)
         if aug.auto_augment != "none":
-            images = _auto_augment(images, aug)
+            # Flip first, as the torch backend (and torchvision) do: a shear about the origin
+            # leaves its uncovered wedge on one side, which a later flip would move.
+            images = _auto_augment(fn.flip(images, horizontal=mirror), aug)
+            mirror = 0
         if aug.random_erasing > 0:
             images = _random_erasing(images, aug)
     else:
@@ -128,9 +131,7 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
 
 def _auto_augment(images: Any, aug: Any) -> Any:
     """augment.auto_augment in the graph: DALI's own suites, with the translation range and
-    fill that `stallfree.data.autoaug` (the torch backend's twin) declares. The flip comes
-    after it here (in crop_mirror_normalize) and before it in the torch backend: the same
-    distribution, as every geometric operation's sign is random."""
+    fill that `stallfree.data.autoaug` (the torch backend's twin) declares."""
     translate = SUITES[aug.auto_augment][0].high
     common = {"num_magnitude_bins": aug.magnitude_bins, "shape": images.shape(),
               "max_translate_rel": translate, "fill_value": FILL}
