@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from stallfree.data import synthetic
 from stallfree.data.loader import Loader, LoaderSpec
@@ -27,3 +28,47 @@ build.options = Options
 
 def build_without_options(spec: LoaderSpec) -> Loader:
     return synthetic.build(spec)
+
+
+@dataclass(frozen=True)
+class Inner:
+    x: int = 0
+    y: int = 0
+
+
+@dataclass(frozen=True)
+class FrozenOptions:
+    """Frozen, nested, a free table, a text option: what plug-in authors write."""
+
+    name: str = "plain"
+    inner: Inner = Inner()
+    table: dict[str, int] = field(default_factory=dict)
+
+
+def _builder(options: type) -> Callable[[LoaderSpec], Loader]:
+    def builder(spec: LoaderSpec) -> Loader:
+        return build(spec)
+    builder.options = options
+    return builder
+
+
+build_frozen = _builder(FrozenOptions)
+
+
+@dataclass
+class NoneDefault:
+    cache: str | None = None
+
+
+@dataclass
+class TupleOption:
+    size: tuple[int, int] = (1, 2)
+
+
+@dataclass
+class NoDefault:
+    needed: int
+
+
+build_none_default, build_tuple, build_no_default = (
+    _builder(NoneDefault), _builder(TupleOption), _builder(NoDefault))

@@ -141,7 +141,11 @@ def test_bad_policy_settings_are_refused(image_root: Path) -> None:
                        ("augment.randaugment_m=31", "augment.randaugment_m"),
                        ("augment.randaugment_n=0", "augment.randaugment_n")):
         with pytest.raises(RecipeError, match=named):
-            validate(apply_overrides(small_recipe(image_root), [bad]))
+            validate(apply_overrides(small_recipe(image_root),
+                                     ['augment.auto_augment="randaugment"', bad]))
+    # randaugment_m is RandAugment's alone: fewer bins for TrivialAugmentWide are fine.
+    validate(apply_overrides(small_recipe(image_root), ['augment.auto_augment="trivialaugment"',
+                                                        "augment.magnitude_bins=5"]))
 
 
 @pytest.mark.gpu

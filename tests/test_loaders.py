@@ -185,6 +185,28 @@ def test_plugin_declares_its_own_table(image_root: Path) -> None:
     assert backend_options(recipe.loader, "synthetic") is None
 
 
+def test_plugin_options_as_authors_write_them(image_root: Path) -> None:
+    """Frozen and nested options, free tables merged key by key, a text option given digits;
+    types a recipe cannot hold are refused naming the field, not met by a traceback."""
+    from plugin_loader import FrozenOptions, Inner
+
+    recipe = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
+                             ["loader.plugin.name=2024", "loader.plugin.inner.x=1",
+                              "loader.plugin.inner.y=2", "loader.plugin.table.k=1",
+                              "loader.plugin.table.j=2"])
+    prepared = prepare_recipe(recipe, DistInfo()).recipe
+    loader = build_loader(prepared, "train", device=CPU)  # checks the written-back table again
+    assert loader.options_seen == FrozenOptions(name="2024", inner=Inner(x=1, y=2),
+                                                table={"k": 1, "j": 2})
+    assert FrozenOptions().inner == Inner()  # the shared frozen default is left alone
+    for builder, error in (("build_none_default", r"loader.plugin.cache is declared .*None"),
+                           ("build_tuple", r"loader.plugin.size is declared tuple"),
+                           ("build_no_default", "loader.plugin.needed has no default")):
+        bad = small_recipe(image_root, loader={"backend": f"plugin_loader:{builder}"})
+        with pytest.raises(RecipeError, match=error):
+            prepare_recipe(bad, DistInfo())
+
+
 def test_synthetic_without_data_root() -> None:
     recipe = small_recipe("", loader={"backend": "synthetic"}, data={"synthetic_samples": 40})
     loader = build_loader(recipe, "train", device=CPU)

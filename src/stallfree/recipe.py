@@ -1,37 +1,28 @@
 """Recipes: typed dataclasses loaded from TOML, with type-checked `section.key=value` overrides.
 
-Allowed values live on the fields (`Literal[...]`, `field(metadata={"min": ...})`) and are
-checked when a value is set, so a TOML key and a `--set` override meet the same rules.
+Allowed values live on the fields (`Literal[...]`, `field(metadata=at_least(...))`) and are
+checked when a value is set (stallfree.tables), so a TOML key and a `--set` override meet the
+same rules.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import sys
-import types
 import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stallfree.errors import StallfreeError
+from stallfree.tables import RecipeError, at_least, set_field
 from stallfree.tomlwrite import dumps_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10 (NVIDIA containers of 2024): the same parser, packaged as tomli
     import tomli as tomllib
-
-
-class RecipeError(StallfreeError, ValueError):
-    """A recipe that cannot be used; the message names the key or path and the fix."""
-
-
-def _at_least(low: float) -> dict[str, float]:
-    return {"min": low}
 
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
@@ -45,22 +36,22 @@ class DataConfig:
     format: Literal["folder", "tar"] = "folder"
     file_list: str = ""
     # Images over this many pixels are refused before decoding (decompression bombs).
-    max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_at_least(1))
+    max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=at_least(1))
     # A file that cannot be decoded: "raise" stops the run naming it; "skip" drops the sample
     # (torch) or leaves the file out after a cached check of the split (dali).
     on_error: Literal["raise", "skip"] = "raise"
     # Used by the synthetic backend when there is no data root.
-    synthetic_samples: int = field(default=1024, metadata=_at_least(1))
-    synthetic_classes: int = field(default=10, metadata=_at_least(1))
+    synthetic_samples: int = field(default=1024, metadata=at_least(1))
+    synthetic_classes: int = field(default=10, metadata=at_least(1))
 
 
 @dataclass(kw_only=True, slots=True)
 class AugmentConfig:
     # The train crop's side, or a schedule of [epoch, size] pairs, each size from its epoch on
     # (progressive resizing, e.g. [[0, 160], [12, 192]]; the first pair's epoch is 0).
-    image_size: int | list[list[int]] = field(default=224, metadata=_at_least(1))
-    resize_size: int = field(default=256, metadata=_at_least(1))  # val: the shorter side first
-    val_image_size: int = field(default=0, metadata=_at_least(0))  # 0: the last train size
+    image_size: int | list[list[int]] = field(default=224, metadata=at_least(1))
+    resize_size: int = field(default=256, metadata=at_least(1))  # val: the shorter side first
+    val_image_size: int = field(default=0, metadata=at_least(0))  # 0: the last train size
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 4.0 / 3.0])
     hflip: float = 0.5
@@ -74,12 +65,12 @@ class AugmentConfig:
     # TrivialAugmentWide (Mueller & Hutter 2021: one at a random bin), after the flip, on both
     # loaders: DALI's nvidia.dali.auto_aug suites, and the same operations in the torch workers.
     auto_augment: Literal["none", "randaugment", "trivialaugment"] = "none"
-    randaugment_n: int = field(default=2, metadata=_at_least(1))
-    randaugment_m: int = field(default=9, metadata=_at_least(0))
-    magnitude_bins: int = field(default=31, metadata=_at_least(1))
+    randaugment_n: int = field(default=2, metadata=at_least(1))
+    randaugment_m: int = field(default=9, metadata=at_least(0))
+    magnitude_bins: int = field(default=31, metadata=at_least(1))
     # Batch mixing on the device after either loader (0: off); mix_prob: share of batches mixed.
-    mixup_alpha: float = field(default=0.0, metadata=_at_least(0))
-    cutmix_alpha: float = field(default=0.0, metadata=_at_least(0))
+    mixup_alpha: float = field(default=0.0, metadata=at_least(0))
+    cutmix_alpha: float = field(default=0.0, metadata=at_least(0))
     mix_prob: float = 1.0
     mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
@@ -109,9 +100,9 @@ class AugmentConfig:
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     name: str = "resnet50"
-    num_classes: int = field(default=0, metadata=_at_least(0))  # 0: inferred from the data
+    num_classes: int = field(default=0, metadata=at_least(0))  # 0: inferred from the data
     zero_init_residual: bool = True
-    drop_rate: float = field(default=0.0, metadata=_at_least(0))  # dropout before the classifier
+    drop_rate: float = field(default=0.0, metadata=at_least(0))  # dropout before the classifier
     # Start from these weights (a stallfree checkpoint, best.pt, or a plain state dict file):
     # fine-tuning. A classifier whose shape differs (another class count) starts afresh.
     init_from: str = ""
@@ -120,28 +111,28 @@ class ModelConfig:
 @dataclass(kw_only=True, slots=True)
 class OptimConfig:
     name: Literal["sgd", "adamw"] = "sgd"
-    lr: float = field(default=0.1, metadata=_at_least(0))
+    lr: float = field(default=0.1, metadata=at_least(0))
     momentum: float = 0.9
     nesterov: bool = False  # sgd only
-    weight_decay: float = field(default=5e-5, metadata=_at_least(0))
+    weight_decay: float = field(default=5e-5, metadata=at_least(0))
     # No weight decay on BatchNorm weights and biases (every 1-D parameter): the usual ImageNet
     # practice (Goyal et al. 2017; FFCV's bn_wd = 0).
     wd_exclude_norm_bias: bool = True
-    warmup_steps: int = field(default=0, metadata=_at_least(0))
+    warmup_steps: int = field(default=0, metadata=at_least(0))
     min_lr_frac: float = 0.0
     label_smoothing: float = 0.0
 
 
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    epochs: int = field(default=1, metadata=_at_least(1))
-    batch_size: int = field(default=64, metadata=_at_least(1))  # per rank, per micro-step
-    accum_steps: int = field(default=1, metadata=_at_least(1))
+    epochs: int = field(default=1, metadata=at_least(1))
+    batch_size: int = field(default=64, metadata=at_least(1))  # per rank, per micro-step
+    accum_steps: int = field(default=1, metadata=at_least(1))
     # auto: what the device runs natively (see train/precision.py); resolved once at start.
     precision: Precision = "auto"
-    max_grad_norm: float = field(default=0.0, metadata=_at_least(0))  # 0: no clipping
+    max_grad_norm: float = field(default=0.0, metadata=at_least(0))  # 0: no clipping
     seed: int = 0
-    log_every: int = field(default=20, metadata=_at_least(1))
+    log_every: int = field(default=20, metadata=at_least(1))
     # Beside metrics.jsonl (and TensorBoard when installed): "mlflow" (a local store in
     # RUN/mlruns, or MLFLOW_TRACKING_URI) and "wandb" (offline unless WANDB_MODE says otherwise).
     trackers: list[Literal["mlflow", "wandb"]] = field(default_factory=list)
@@ -151,12 +142,12 @@ class TrainConfig:
     ema_decay: float = 0.0  # EMA of the weights, evaluated beside them (0: off), e.g. 0.9998
     # Each loaded batch runs in chunks of this size (0: whole); "auto" finds the largest that
     # fits. The global batch, the samples and the loader positions stay as they are.
-    micro_batch: int | Literal["auto"] = field(default=0, metadata=_at_least(0))
-    max_nonfinite_steps: int = field(default=10, metadata=_at_least(1))
+    micro_batch: int | Literal["auto"] = field(default=0, metadata=at_least(0))
+    max_nonfinite_steps: int = field(default=10, metadata=at_least(1))
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    ckpt_every_steps: int = field(default=0, metadata=_at_least(0))  # 0: at epoch ends only
+    ckpt_every_steps: int = field(default=0, metadata=at_least(0))  # 0: at epoch ends only
     # >= 2: a crash in the middle of a save must leave one good checkpoint.
-    keep_checkpoints: int = field(default=3, metadata=_at_least(2))
+    keep_checkpoints: int = field(default=3, metadata=at_least(2))
     # Under Slurm, SIGUSR1 (#SBATCH --signal=USR1@300) saves, then rank 0 runs
     # `scontrol requeue $SLURM_JOB_ID` so that the job comes back and resumes; false: just exit 75.
     slurm_requeue: bool = True
@@ -167,7 +158,7 @@ class TorchLoaderConfig:
     """`[loader.torch]`: the DataLoader backend's own keys."""
 
     # -1: this rank's share of the cores; "auto": the fastest count near it, measured at start
-    workers: int | Literal["auto"] = field(default=-1, metadata=_at_least(-1))
+    workers: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -175,7 +166,7 @@ class DaliLoaderConfig:
     """`[loader.dali]`: the DALI backend's own keys."""
 
     # -1 or 0: this rank's share; "auto": the fastest count near it, measured at start
-    threads: int | Literal["auto"] = field(default=-1, metadata=_at_least(-1))
+    threads: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
     device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
     decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
     hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder
@@ -186,7 +177,7 @@ class LoaderConfig:
     backend: str = "torch"  # dali | torch | synthetic | synthetic-decode | auto | module:function
     # synthetic-decode: the pipeline that decodes the in-memory files ("auto": as --loader auto)
     synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
-    prefetch: int = field(default=2, metadata=_at_least(1))  # batches queued ahead
+    prefetch: int = field(default=2, metadata=at_least(1))  # batches queued ahead
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
     # A module:function backend's own keys, checked against the dataclass it declares
@@ -222,79 +213,6 @@ _MOVED = {
 }
 
 
-def _check_type(value: Any, annotation: Any, where: str) -> Any:
-    """Return `value` coerced to `annotation` (int->float, list->list[float]) or raise."""
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            raise RecipeError(f"{where} = {value!r}; choose one of {', '.join(map(str, choices))}")
-        return value
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)):
-            raise RecipeError(f"{where}: expected a list, got {value!r}")
-        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise RecipeError(f"{where}: expected a table, got {value!r}")
-        return dict(value)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(annotation):
-            try:
-                return _check_type(value, option, where)
-            except RecipeError:
-                continue
-        options = " or ".join(
-            ", ".join(map(repr, typing.get_args(o))) if typing.get_origin(o) is Literal
-            else getattr(o, "__name__", str(o)) for o in typing.get_args(annotation))
-        raise RecipeError(f"{where} = {value!r}; expected {options}")
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if (annotation is int and isinstance(value, bool)) or not isinstance(value, annotation):
-        name = getattr(annotation, "__name__", str(annotation))
-        raise RecipeError(f"{where}: expected {name}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _set_field(table: Any, path: str, key: str, value: Any, source: str) -> None:
-    """Set `table.key` (the table at dotted `path`) after checking its type and bounds."""
-    dotted = f"{path}.{key}"
-    # get_type_hints resolves the string annotations that `from __future__ import annotations` leaves.
-    hints = typing.get_type_hints(type(table))
-    if key not in hints:
-        if dotted in _MOVED:
-            raise RecipeError(f"{source}: '{dotted}' has moved to '{_MOVED[dotted]}'; write it "
-                              f"under [{_MOVED[dotted].rpartition('.')[0]}] instead")
-        close = difflib.get_close_matches(key, hints, n=1)
-        guess = f"did you mean '{path}.{close[0]}'? " if close else ""
-        raise RecipeError(f"{source}: unknown key '{dotted}'; {guess}known keys in [{path}]: "
-                          f"{', '.join(hints)}")
-    annotation = hints[key]
-    if dataclasses.is_dataclass(annotation):
-        if not isinstance(value, dict):
-            raise RecipeError(f"{source}: [{dotted}] must be a table, got {value!r}")
-        for sub_key, sub_value in value.items():
-            _set_field(getattr(table, key), dotted, sub_key, sub_value, source)
-        return
-    value = _check_type(value, annotation, f"{source}: {dotted}")
-    if typing.get_origin(annotation) is dict:  # a free table: `--set` adds keys to it
-        value = {**getattr(table, key), **value}
-    low = next(f for f in dataclasses.fields(table) if f.name == key).metadata.get("min")
-    if low is not None and isinstance(value, (int, float)) and value < low:
-        raise RecipeError(f"{source}: {dotted} = {value!r} must be >= {low}")
-    setattr(table, key, value)
-
-
-def table_from_dict(cls: type[Any], raw: dict[str, Any], path: str, source: str) -> Any:
-    """A dataclass table (`cls()` updated from `raw`) under the rules of a recipe's own tables:
-    what checks a loader plug-in's declared options."""
-    table = cls()
-    for key, value in raw.items():
-        _set_field(table, path, key, value, source)
-    return table
-
-
 def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
     """Build a Recipe from nested dicts, refusing unknown tables and keys, wrong types and values."""
     recipe = Recipe()
@@ -305,7 +223,7 @@ def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
         if not isinstance(table, dict):
             raise RecipeError(f"{source}: [{section}] must be a table, got {table!r}")
         for key, value in table.items():
-            _set_field(getattr(recipe, section), section, key, value, source)
+            set_field(getattr(recipe, section), section, key, value, source, _MOVED)
     return recipe
 
 
@@ -360,7 +278,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         for name in reversed(tables[1:]):
             nested, key = {key: nested}, name
         recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
-        _set_field(getattr(recipe, tables[0]), tables[0], key, nested, source)
+        set_field(getattr(recipe, tables[0]), tables[0], key, nested, source, _MOVED)
     return recipe
 
 
@@ -379,7 +297,7 @@ def validate(recipe: Recipe) -> None:
             f"augment.resize_size ({aug.resize_size}) < the val crop ({aug.val_size}: "
             "augment.val_image_size, else the last augment.image_size); the val center crop "
             "needs resize_size >= it")
-    if aug.randaugment_m >= aug.magnitude_bins:
+    if aug.auto_augment == "randaugment" and aug.randaugment_m >= aug.magnitude_bins:
         raise RecipeError(f"augment.randaugment_m = {aug.randaugment_m} must be below "
                           f"augment.magnitude_bins ({aug.magnitude_bins}); bins count from 0")
     for key in ("hflip", "mix_prob", "random_erasing"):

@@ -134,7 +134,7 @@ def decode_resized(opened: Opened, box: tuple[int, int, int, int], width: int, h
     left, top, w, h = box
     img = img.resize((width, height), Image.BILINEAR,
                      box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
-    return np.asarray(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img)
+    return np.array(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img)
 
 
 def _scaled_box(box: tuple[int, int, int, int], sx: float, sy: float) -> tuple[int, int, int, int]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.errors import StallfreeError
-from stallfree.recipe import LoaderConfig, RecipeError, table_from_dict
+from stallfree.recipe import LoaderConfig
+from stallfree.tables import RecipeError, table_from_dict
 
 
 class BackendError(StallfreeError, ValueError):
@@ -103,11 +104,9 @@ def backend_options(loader: LoaderConfig, name: str) -> Any:
                               "no options: give its builder `build.options = SomeDataclass` "
                               "naming them, or remove the table")
         return None
-    if not dataclasses.is_dataclass(declared) or any(
-            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            for f in dataclasses.fields(declared)):
-        raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass whose every "
-                           f"field has a default, got {declared!r}")
+    if not isinstance(declared, type) or not dataclasses.is_dataclass(declared):
+        raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass class, got "
+                           f"{declared!r}")
     options = table_from_dict(declared, loader.plugin, f"loader.{PLUGIN_TABLE}", where)
     loader.plugin = dataclasses.asdict(options)
     return options
