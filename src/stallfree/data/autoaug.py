@@ -94,17 +94,31 @@ def _blend_grey(img: torch.Tensor, factor: float, grey: torch.Tensor) -> torch.T
 _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
 
 
+def _translate(img: torch.Tensor, dx: float, dy: float) -> torch.Tensor:
+    """A warp by (dx, dy), as two-tap linear interpolation along one axis: what `_warp` gives
+    for a translation, in a tenth of its time."""
+    axis, shift = (2, dx) if dx else (1, dy)
+    whole = math.floor(shift)
+    frac, size, pad = shift - whole, img.shape[axis], abs(whole) + 2
+    centred = img.float() - FILL  # zero padding is the fill, as in `_warp`
+    padded = F.pad(centred, (pad, pad) if axis == 2 else (0, 0, pad, pad))
+    out = padded.narrow(axis, pad - whole, size) * (1 - frac) \
+        + padded.narrow(axis, pad - whole - 1, size) * frac
+    return _to_uint8(out + FILL)
+
+
 def _sharpen(img: torch.Tensor, magnitude: float) -> torch.Tensor:
-    """DALI's 3x3 sharpness filter (PIL's SMOOTH kernel blended with identity), with its
-    default border (reflect-101)."""
-    blur = torch.tensor([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=torch.float32) / 13
-    ident = torch.zeros(3, 3)
-    ident[1, 1] = 1
-    kernel = (-magnitude * blur + (1 + magnitude) * ident).expand(3, 1, 3, 3)
+    """DALI's 3x3 sharpness filter (PIL's SMOOTH kernel [[1,1,1],[1,5,1],[1,1,1]] / 13 blended
+    with identity), with its default border (reflect-101); the kernel as a 3x3 box sum plus 4
+    times the centre, which is several times faster than conv2d on one core."""
+    h, w = img.shape[1:]
     # Reflect-101 needs 2 pixels a side; a 1-pixel side can only repeat its pixel.
-    mode = "reflect" if min(img.shape[1:]) >= 2 else "replicate"
-    padded = F.pad(img[None].float(), (1, 1, 1, 1), mode=mode)
-    return _to_uint8(F.conv2d(padded, kernel, groups=3)[0])
+    mode = "reflect" if min(h, w) >= 2 else "replicate"
+    x = img.float()
+    padded = F.pad(x[None], (1, 1, 1, 1), mode=mode)[0]
+    box = sum(padded[:, i:i + h, j:j + w] for i in range(3) for j in range(3))
+    blur = (box + 4 * x) / 13
+    return _to_uint8((1 + magnitude) * x - magnitude * blur)
 
 
 def _equalize(img: torch.Tensor) -> torch.Tensor:
@@ -147,7 +161,7 @@ def apply_op(img: torch.Tensor, name: str, value: float) -> torch.Tensor:
         if name.startswith("shear"):
             shear_x, shear_y = (value, 0.0) if name == "shear_x" else (0.0, value)
             return _warp(img, np.array([[1, shear_x, 0], [shear_y, 1, 0]]))
-        return _warp(img, np.array([[1, 0, dx], [0, 1, dy]]))
+        return _translate(img, dx, dy)
     if name == "rotate":
         return _warp(img, _rotation(value, w, h))
     if name == "brightness":
