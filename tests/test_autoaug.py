@@ -30,8 +30,9 @@ def _images(image_root: Path, count: int = 3) -> list[np.ndarray]:
     return [np.array(Image.open(f).convert("RGB").resize((72, 56))) for f in files]
 
 
-def _run_dali(images: list[np.ndarray], graph) -> list[list[np.ndarray]]:
-    """Run `graph(node)` on `images` through a CPU DALI pipeline: each output, per image."""
+def _run_dali(images: list[np.ndarray], graph, runs: int = 1) -> list[list[np.ndarray]]:
+    """Run `graph(node)` on `images` through one CPU DALI pipeline, `runs` times: each
+    output, per image of every run."""
     from nvidia.dali import fn, pipeline_def
 
     @pipeline_def(enable_conditionals=True, batch_size=len(images), num_threads=1,
@@ -41,7 +42,9 @@ def _run_dali(images: list[np.ndarray], graph) -> list[list[np.ndarray]]:
 
     pipeline = pipe()
     pipeline.build()
-    return [[np.asarray(out[i]) for i in range(len(images))] for out in pipeline.run()]
+    results = [pipeline.run() for _ in range(runs)]
+    return [[np.asarray(outs[k][i]) for outs in results for i in range(len(images))]
+            for k in range(len(results[0]))]
 
 
 def _dali_suite(policy: str) -> list:
@@ -104,8 +107,7 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
     image = _images(image_root, 1)[0]
     aug = small_recipe(image_root, augment={"auto_augment": policy}).augment
     copies = 64
-    dali_out = [out for _ in range(6)
-                for out in _run_dali([image] * copies, lambda node: _auto_augment(node, aug))[0]]
+    dali_out = _run_dali([image] * copies, lambda node: _auto_augment(node, aug), runs=6)[0]
     rng = random.Random(3)
     torch_out = [auto_augment(image, policy, rng, n=aug.randaugment_n, m=aug.randaugment_m,
                               bins=aug.magnitude_bins) for _ in range(len(dali_out))]

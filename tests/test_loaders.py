@@ -199,6 +199,10 @@ def test_plugin_options_as_authors_write_them(image_root: Path) -> None:
     assert loader.options_seen == FrozenOptions(name="2024", inner=Inner(x=1, y=2),
                                                 table={"k": 1, "j": 2})
     assert FrozenOptions().inner == Inner()  # the shared frozen default is left alone
+    typo = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
+                           ['loader.plugin.table.k="one"'])
+    with pytest.raises(RecipeError, match=r"loader.plugin.table.k: expected int"):
+        prepare_recipe(typo, DistInfo())
     for builder, error in (("build_none_default", r"loader.plugin.cache is declared .*None"),
                            ("build_tuple", r"loader.plugin.size is declared tuple"),
                            ("build_no_default", "loader.plugin.needed has no default")):

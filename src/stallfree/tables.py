@@ -41,7 +41,10 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{where}: expected a table, got {value!r}")
-        return dict(value)
+        args = typing.get_args(annotation)
+        if not args or args[1] is Any:  # a free table (loader.plugin before its plug-in checks it)
+            return dict(value)
+        return {k: _check_type(v, args[1], f"{where}.{k}") for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             try:
