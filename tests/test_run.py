@@ -153,6 +153,9 @@ def _cli_case(root: Path, tmp_path: Path, case: str) -> tuple[list[str], str]:
         "batch_over_split": (["--set", "train.batch_size=1000"],
                              "more than the 20 images of the training split"),
         "moved_key": (["--set", "loader.workers=2"], "moved to 'loader.torch.workers'"),
+        "across_keys": (["--set", 'augment.auto_augment="randaugment"', "--set",
+                         "augment.magnitude_bins=5"],
+                        "r.toml with its flags and --set overrides: augment.randaugment_m = 9"),
         "unwritable_out": (["--out", "/proc/stallfree-run"], "cannot write"),
     }
     return cases[case]
@@ -160,7 +163,7 @@ def _cli_case(root: Path, tmp_path: Path, case: str) -> tuple[list[str], str]:
 
 @pytest.mark.parametrize("case", ["cuda_without_gpu", "misspelt_loader", "missing_resume_file",
                                   "resume_a_directory", "batch_over_split", "moved_key",
-                                  "unwritable_out", "out_is_a_file", "empty_class"])
+                                  "across_keys", "unwritable_out", "out_is_a_file", "empty_class"])
 def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str) -> None:
     if case == "cuda_without_gpu" and __import__("torch").cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -15,7 +15,8 @@ from stallfree import __version__
 from stallfree.data.registry import AUTO, BACKENDS, BENCH_VARIANTS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
-from stallfree.recipe import DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe
+from stallfree.recipe import (DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe,
+                              validate)
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -156,7 +157,13 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
         overrides.insert(0, f"train.device={args.device}")
     if getattr(args, "epochs", None) is not None:
         overrides.insert(0, f"train.epochs={args.epochs}")
-    return apply_overrides(recipe, overrides)
+    recipe = apply_overrides(recipe, overrides)
+    try:  # the rules across keys, checked here so that the message says where the recipe came from
+        validate(recipe)
+    except RecipeError as exc:
+        flags = " with its flags and --set overrides" if overrides else ""
+        raise RecipeError(f"{args.recipe}{flags}: {exc}") from exc
+    return recipe
 
 
 def cmd_train(args: argparse.Namespace) -> int:
