@@ -42,7 +42,8 @@ def _fake_result() -> dict:
                       "fastest": "fast", "spread": [450.0, 550.0], "runs": 3},
             "records": records,
             "config": {"repeats": 3, "warmup": 1, "batches": 2, "batch_size": 8, "model": "m",
-                       "image_size": 32, "precision": "fp32", "data_root": "d"}}
+                       "image_size": 32, "precision": "fp32", "data_root": "d",
+                       "augment": "RandomResizedCrop + flip, RandAugment n=2 m=9/31"}}
 
 
 def test_summary_takes_medians_and_ratios() -> None:
@@ -72,9 +73,19 @@ def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     assert "| loader | **limit** (fast) | 2 cores | 500 (450-550) | 1.00 |" in text
     assert "| loader | torch | auto | 300 | 0.60 | 1.20 |" in text
     assert "`stallfree bench x.toml`" in text and "RuntimeError: boom" in text
+    assert "32 px (RandomResizedCrop + flip, RandAugment n=2 m=9/31)" in text  # what was timed
     pytest.importorskip("matplotlib")
     assert "bench.png" in names
     assert Image.open(tmp_path / "bench.png").size[0] > 100
+
+
+def test_the_report_names_the_augmentation_timed() -> None:
+    from stallfree.bench import augment_words
+    from stallfree.recipe import AugmentConfig
+
+    assert augment_words(AugmentConfig()) == "RandomResizedCrop + flip"
+    words = augment_words(AugmentConfig(auto_augment="trivialaugment", random_erasing=0.25))
+    assert words == "RandomResizedCrop + flip, TrivialAugmentWide (31 bins), random erasing p=0.25"
 
 
 def test_markdown_without_limit_or_train() -> None:

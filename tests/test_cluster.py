@@ -136,6 +136,19 @@ def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Pa
     assert "[rank 1]" not in text
 
 
+def test_a_recipe_error_under_torchrun_is_said_once(image_root: Path, tmp_path: Path) -> None:
+    """Every rank meets a bad key alike; rank 0 says it, the others exit without a word."""
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(small_recipe(image_root)))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--standalone", "-m", "stallfree", "train", str(path), "--out",
+                           str(tmp_path / "run"), "--set", "train.batch_size=abc"],
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if "stallfree" in line and "error:" in line]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
+    assert "train.batch_size" in errors[0] and "[rank 1]" not in errors[0]
+
+
 def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Path) -> None:
     paths = [str(p) for p in sorted(image_root.rglob("*.jpg"))] * 4
     for _ in range(20):

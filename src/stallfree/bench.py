@@ -27,7 +27,7 @@ from stallfree.data.loader import Batch, Loader
 from stallfree.data.registry import BENCH_VARIANTS, installed_peers
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
-from stallfree.recipe import Recipe, apply_overrides, recipe_from_dict
+from stallfree.recipe import AugmentConfig, Recipe, apply_overrides, recipe_from_dict
 from stallfree.train.build import RunContext, build_trainer, prepare
 from stallfree.train.precision import cpu_has_native_bf16
 
@@ -285,7 +285,21 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             "config": {"repeats": cfg.repeats, "warmup": cfg.warmup, "batches": cfg.batches,
                        "batch_size": recipe.train.batch_size, "model": recipe.model.name,
                        "image_size": recipe.augment.size_at(0), "precision": recipe.train.precision,
-                       "data_root": recipe.data.root}}
+                       "data_root": recipe.data.root, "augment": augment_words(recipe.augment)}}
+
+
+def augment_words(aug: AugmentConfig) -> str:
+    """The train augmentation in a few words, for the report: a policy changes every figure."""
+    words = ["RandomResizedCrop + flip"]
+    if aug.auto_augment == "randaugment":
+        words.append(f"RandAugment n={aug.randaugment_n} m={aug.randaugment_m}/{aug.magnitude_bins}")
+    elif aug.auto_augment == "trivialaugment":
+        words.append(f"TrivialAugmentWide ({aug.magnitude_bins} bins)")
+    if aug.random_erasing:
+        words.append(f"random erasing p={aug.random_erasing}")
+    if aug.mixup_alpha or aug.cutmix_alpha:
+        words.append(f"mixup {aug.mixup_alpha} / CutMix {aug.cutmix_alpha} on the device")
+    return ", ".join(words)
 
 
 def _progress_line(record: dict[str, Any]) -> str:

@@ -83,7 +83,8 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
         f"{machine['cores_available']} cores available, "
         f"GPU: {machine['gpu'] or 'none'}; torch {machine['torch']}, DALI {machine['dali'] or '-'}, "
         f"Python {machine['python']}.",
-        f"Recipe: {cfg['model']}, batch {cfg['batch_size']}, {cfg['image_size']} px, "
+        f"Recipe: {cfg['model']}, batch {cfg['batch_size']}, {cfg['image_size']} px "
+        f"({cfg.get('augment', 'RandomResizedCrop + flip')}), "
         f"{cfg['precision']}; data {cfg['data_root']}. Median of {cfg['repeats']} interleaved runs, "
         f"{cfg['warmup']} warm-up + {cfg['batches']} timed batches each.",
     ]

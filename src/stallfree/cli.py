@@ -344,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except StallfreeError as exc:
+        if exc.same_on_every_rank and _rank() != 0:
+            # Rank 0 says it once. Waiting lets it do so: torchrun stops every rank as soon as
+            # one exits, and rank 0 may be a moment behind.
+            time.sleep(3)
+            return exc.exit_code
         hint = f" ({exc.hint})" if exc.hint else ""
         LOGGER.error(f"error: {exc}{hint}")
         return exc.exit_code

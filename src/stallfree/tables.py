@@ -20,6 +20,8 @@ from stallfree.errors import StallfreeError
 class RecipeError(StallfreeError, ValueError):
     """A recipe that cannot be used; the message names the key or path and the fix."""
 
+    same_on_every_rank = True
+
 
 def at_least(low: float) -> dict[str, float]:
     return {"min": low}

@@ -20,6 +20,8 @@ from stallfree.tables import RecipeError, table_from_dict
 class BackendError(StallfreeError, ValueError):
     """An unknown backend or one whose optional dependency is missing."""
 
+    same_on_every_rank = True
+
 
 @dataclass(frozen=True)
 class Backend:

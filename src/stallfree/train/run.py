@@ -185,12 +185,20 @@ class _Eta:
 
     def __init__(self, trainer: Trainer, total_steps: int) -> None:
         self.trainer, self.total_steps = trainer, total_steps
-        self.first_step, self.started = trainer.optimizer_steps, time.perf_counter()
+        self.first_step: int | None = None
+        self.started = 0.0
         self.done = trainer.dist.rank != 0
 
     def step(self) -> None:
+        if self.done:
+            return
+        if self.first_step is None:
+            # The clock starts after the first step: worker and pipeline start-up (seconds
+            # for a DALI graph with a policy) is paid once, not by every step to go.
+            self.first_step, self.started = self.trainer.optimizer_steps, time.perf_counter()
+            return
         steps = self.trainer.optimizer_steps - self.first_step
-        if self.done or steps < min(self.AFTER_STEPS, self.total_steps - self.first_step):
+        if steps < min(self.AFTER_STEPS, self.total_steps - self.first_step):
             return
         self.done = True
         per_step = (time.perf_counter() - self.started) / max(1, steps)
