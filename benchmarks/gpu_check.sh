@@ -5,8 +5,9 @@
 #   1. the @pytest.mark.gpu tests (nvJPEG decoder, CUDA outputs, prefetcher, precision auto);
 #   2. a loader-only bench: dali (nvJPEG, mixed), dali-cpudecode, torch, synthetic, and the
 #      peers peer-pil and peer-torchvision (where torchvision imports);
+#   2b. the same loader bench with RandAugment: dali (DALI's GPU operators) and torch;
 #   3. a train-mode bench: ResNet-50, bf16, channels_last, data-wait per backend.
-# It prints one table last and writes $OUT_DIR/{loader,train}/bench.json.
+# It prints the tables last and writes $OUT_DIR/{loader,loader-randaugment,train}/bench.json.
 #
 # stallfree runs from src/ (PYTHONPATH), never installed. What the machine lacks comes in one of
 # two ways, both without network:
@@ -113,12 +114,18 @@ common=(--set "data.root=\"$DATA\"" --device "$DEVICE" --repeats 1 --warmup 5 --
 $PY -m stallfree bench pipelines/bench.toml --mode loader --backends "$backends" --batches 20 \
   "${common[@]}" --set train.batch_size="$LOADER_BATCH" --out "$OUT_DIR/loader" \
   > "$OUT_DIR/loader.log" 2>&1 || { status=1; tail -5 "$OUT_DIR/loader.log"; }
+# RandAugment where DALI means it to run (its GPU operators) and in the torch workers.
+policy_backends=$([ "$dali" = 1 ] && echo "dali,torch" || echo "torch")
+$PY -m stallfree bench pipelines/bench.toml --mode loader --backends "$policy_backends" \
+  --batches 20 "${common[@]}" --set train.batch_size="$LOADER_BATCH" \
+  --set 'augment.auto_augment="randaugment"' --out "$OUT_DIR/loader-randaugment" \
+  > "$OUT_DIR/loader-randaugment.log" 2>&1 || { status=1; tail -5 "$OUT_DIR/loader-randaugment.log"; }
 $PY -m stallfree bench pipelines/bench.toml --mode train --backends "$backends" --batches 10 \
   "${common[@]}" --warmup 3 --set "model.name=\"$MODEL\"" --set train.channels_last=true \
   --set train.batch_size="$TRAIN_BATCH" --out "$OUT_DIR/train" > "$OUT_DIR/train.log" 2>&1 \
   || { status=1; tail -5 "$OUT_DIR/train.log"; }
-for mode in loader train; do
-  [ -f "$OUT_DIR/$mode/bench.md" ] && grep -E '^\| (loader|train) ' "$OUT_DIR/$mode/bench.md"
+for mode in loader loader-randaugment train; do
+  [ -f "$OUT_DIR/$mode/bench.md" ] && grep -E '^(Recipe|\| (loader|train) )' "$OUT_DIR/$mode/bench.md"
   grep -A20 '^Warnings from runs' "$OUT_DIR/$mode/bench.md" 2>/dev/null
   grep -A20 '^Failed runs' "$OUT_DIR/$mode/bench.md" 2>/dev/null && status=1
 done
