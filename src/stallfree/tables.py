@@ -119,19 +119,20 @@ def table_from_dict(cls: type[Any], raw: dict[str, Any], path: str, source: str)
 _UNSET = dataclasses.MISSING
 
 
-def _holdable(annotation: Any) -> bool:
+def _holdable(annotation: Any, table_ok: bool = True) -> bool:
     """Whether a recipe can check and write this type: TOML's scalars, Literal, lists and
-    str-keyed tables of those, unions of those, nested dataclass tables."""
+    str-keyed tables of those, unions of those, nested dataclass tables (not inside a list or
+    a free table: those hold plain values)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation in (bool, int, float, str) or origin is Literal:
         return True
     if origin is list:
-        return _holdable(args[0])
+        return _holdable(args[0], table_ok=False)
     if origin is dict:
-        return not args or (args[0] is str and (args[1] is Any or _holdable(args[1])))
+        return not args or (args[0] is str and (args[1] is Any or _holdable(args[1], False)))
     if origin in (typing.Union, types.UnionType):
-        return all(_holdable(a) for a in args)
-    return dataclasses.is_dataclass(annotation)
+        return all(_holdable(a, table_ok) for a in args)
+    return table_ok and dataclasses.is_dataclass(annotation)
 
 
 def _check_declared(cls: type[Any], path: str, source: str) -> None:
