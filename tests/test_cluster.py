@@ -137,7 +137,8 @@ def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Pa
 
 
 def test_a_recipe_error_under_torchrun_is_said_once(image_root: Path, tmp_path: Path) -> None:
-    """Every rank meets a bad key alike; rank 0 says it, the others exit without a word."""
+    """Every rank meets a bad key alike; the node's first rank says it, the others exit
+    without a word."""
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(small_recipe(image_root)))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

@@ -344,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except StallfreeError as exc:
-        if exc.same_on_every_rank and _rank() != 0:
-            # Rank 0 says it once. Waiting lets it do so: torchrun stops every rank as soon as
-            # one exits, and rank 0 may be a moment behind.
+        if exc.same_on_every_rank and _local_rank() != 0:
+            # The first rank of each node says it once (a node may lack what another has, so
+            # not rank 0 alone). Waiting lets it do so: torchrun stops a node's ranks as soon as
+            # one exits, and that rank may be a moment behind.
             time.sleep(3)
             return exc.exit_code
         hint = f" ({exc.hint})" if exc.hint else ""
@@ -366,6 +367,13 @@ def _rank() -> int:
     from stallfree.parallel import DistInfo
 
     return DistInfo.from_env().rank
+
+
+def _local_rank() -> int:
+    """This process's rank on its node, likewise."""
+    from stallfree.parallel import DistInfo
+
+    return DistInfo.from_env().local_rank
 
 
 if __name__ == "__main__":

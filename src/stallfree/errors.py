@@ -11,7 +11,8 @@ class StallfreeError(Exception):
 
     exit_code = 2
     hint = ""  # a fix that applies to every error of the class; the CLI prints it after the message
-    # Every rank meets it alike (a recipe, a backend's name): only rank 0 need say it.
+    # Every rank of a node meets it alike (a recipe, a backend's name or import): the node's
+    # first rank alone says it.
     same_on_every_rank = False
 
 
