@@ -227,3 +227,26 @@ def test_bare_command_prints_help_and_version(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"stallfree {__version__}"
+
+
+def test_time_to_go_leaves_start_up_out(monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A first step that waited 60 s for workers or a DALI graph, then steps of 1 s: the
+    estimate is the steps', not the start-up's spread over them."""
+    from types import SimpleNamespace
+
+    from stallfree.train import run as run_module
+
+    now = [40.0]
+    monkeypatch.setattr(run_module.time, "perf_counter", lambda: now[0])
+    trainer = SimpleNamespace(optimizer_steps=0, dist=SimpleNamespace(rank=0))
+    eta = run_module.TimeToGo(trainer, total_steps=71)
+    now[0], trainer.optimizer_steps = 100.0, 1
+    eta.step()  # step 1 ends 60 s after the start: the clock starts here
+    caplog.set_level("INFO", logger="stallfree")
+    for steps in range(2, 12):
+        now[0], trainer.optimizer_steps = 100.0 + steps - 1, steps
+        eta.step()
+    lines = [r.getMessage() for r in caplog.records if "to go" in r.getMessage()]
+    assert lines == ["about 1.0 min to go (71 steps in all at 1.00 s each; validation not "
+                     "included)"]

@@ -178,7 +178,7 @@ def _announce(ctx: RunContext, found: Any, start_epoch: int, trainer: Trainer) -
                     f"step {trainer.optimizer_steps}")
 
 
-class _Eta:
+class TimeToGo:
     """Prints once, after the first steps, how long the rest of the run should take."""
 
     AFTER_STEPS = 10
@@ -219,7 +219,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
-    eta = _Eta(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
+    eta = TimeToGo(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
                                                              recipe.train.accum_steps))
     extras = []
     monitor = GpuMonitor.maybe(device)
