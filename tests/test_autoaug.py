@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from helpers import small_recipe
-from stallfree.data.autoaug import FILL, SUITES, apply_op, auto_augment
+from stallfree.data.autoaug import FILL, MAX_TRANSLATE, SUITES, apply_op, auto_augment
 from stallfree.data.loader import build_loader
 from stallfree.recipe import RecipeError, apply_overrides, validate
 
@@ -52,7 +52,7 @@ def _dali_suite(policy: str) -> list:
 
     getter = rand_augment.get_rand_augment_suite if policy == "randaugment" else \
         trivial_augment.get_trivial_augment_wide_suite
-    return getter(use_shape=True, max_translate_rel=SUITES[policy][0].high)
+    return getter(use_shape=True, max_translate_rel=MAX_TRANSLATE[policy])
 
 
 @pytest.mark.dali

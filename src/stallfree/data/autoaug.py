@@ -51,10 +51,13 @@ def _suite(translate: float, shear: float, rotate: float, enhance: tuple[float, 
             Op("equalize"), Op("auto_contrast"), Op("identity"))
 
 
+# The largest translation, a share of the crop's side (DALI's max_translate_rel): DALI's
+# absolute defaults at 224 px.
+MAX_TRANSLATE = {"randaugment": 100 / 224, "trivialaugment": 32 / 224}
 # get_rand_augment_suite and get_trivial_augment_wide_suite of nvidia.dali.auto_aug.
 SUITES: dict[str, tuple[Op, ...]] = {
-    "randaugment": _suite(100 / 224, 0.3, 30, (0, 0.9), 4),
-    "trivialaugment": _suite(32 / 224, 0.99, 135, (0.01, 0.99), 2),
+    "randaugment": _suite(MAX_TRANSLATE["randaugment"], 0.3, 30, (0, 0.9), 4),
+    "trivialaugment": _suite(MAX_TRANSLATE["trivialaugment"], 0.99, 135, (0.01, 0.99), 2),
 }
 
 

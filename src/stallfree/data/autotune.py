@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.data.registry import BACKENDS
+from stallfree.data.registry import BACKENDS, backend_options
 from stallfree.log import LOGGER
 from stallfree.parallel import cpu_workers
-from stallfree.recipe import LoaderConfig
 
 if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
     from stallfree.data.loader import Loader, LoaderSpec
@@ -38,10 +37,11 @@ def _knob(backend: str) -> tuple[str, str] | None:
     return (entry.table, entry.tuned) if entry is not None and entry.tuned else None
 
 
-def _with_count(config: LoaderConfig, knob: tuple[str, str], count: int) -> LoaderConfig:
-    config = copy.deepcopy(config)
+def _with_count(spec: LoaderSpec, backend: str, knob: tuple[str, str], count: int) -> LoaderSpec:
+    """`spec` whose tuned key holds `count`, its typed table as backend_options gives it."""
+    config = copy.deepcopy(spec.loader)
     setattr(getattr(config, knob[0]), knob[1], count)
-    return config
+    return dataclasses.replace(spec, loader=config, options=backend_options(config, backend))
 
 
 def candidates(local_world_size: int) -> list[int]:
@@ -69,20 +69,18 @@ def autotuned(spec: LoaderSpec, backend: str,
         return spec, None
     cache_key = (backend, spec.dist.local_world_size)
     if cache_key not in _chosen:
-        _chosen[cache_key] = _measure(spec, build, knob)
+        _chosen[cache_key] = _measure(spec, build, backend, knob)
     chosen, figures = _chosen[cache_key]
-    config = _with_count(spec.loader, knob, chosen)
-    return dataclasses.replace(spec, loader=config, options=getattr(config, knob[0])), figures
+    return _with_count(spec, backend, knob, chosen), figures
 
 
-def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader],
+def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], backend: str,
              knob: tuple[str, str]) -> tuple[int, dict[str, Any]]:
     key = f"loader.{knob[0]}.{knob[1]}"
     rates: dict[int, float] = {}
     started = time.perf_counter()
     for count in candidates(spec.dist.local_world_size):
-        config = _with_count(spec.loader, knob, count)
-        loader = build(dataclasses.replace(spec, loader=config, options=getattr(config, knob[0])))
+        loader = build(_with_count(spec, backend, knob, count))
         try:
             batches = min(max(2, math.ceil(IMAGES / spec.batch_size)), len(loader) - 1)
             if batches < 1:  # a split too small to time: this rank's share, unmeasured

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.autoaug import FILL, SUITES
+from stallfree.data.autoaug import FILL, MAX_TRANSLATE
 from stallfree.data.headers import read_bytes
 from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
@@ -132,9 +132,8 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
 def _auto_augment(images: Any, aug: Any) -> Any:
     """augment.auto_augment in the graph: DALI's own suites, with the translation range and
     fill that `stallfree.data.autoaug` (the torch backend's twin) declares."""
-    translate = SUITES[aug.auto_augment][0].high
     common = {"num_magnitude_bins": aug.magnitude_bins, "shape": images.shape(),
-              "max_translate_rel": translate, "fill_value": FILL}
+              "max_translate_rel": MAX_TRANSLATE[aug.auto_augment], "fill_value": FILL}
     with warnings.catch_warnings():
         # DALI's suites call the deprecated experimental aliases of filter and equalize, and
         # DALI forces that warning past every filter, once per operation and run.

@@ -220,7 +220,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
 
     every = recipe.train.ckpt_every_steps
     eta = TimeToGo(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
-                                                             recipe.train.accum_steps))
+                                                                 recipe.train.accum_steps))
     extras = []
     monitor = GpuMonitor.maybe(device)
     if monitor is not None:
