@@ -5,8 +5,15 @@ under either backend). At ImageNet scale that is minutes on a few cores, and a r
 would pay it at every start. So the result is cached, keyed by what would change it: the
 listing itself (names and labels), the modification times of the folders or shards it was read
 from, the pixel limit and this version's rules. A `data check` clean list of this version and
-limit needs no check at all. A file rewritten in place under the same name leaves its folder's
-time alone: `stallfree data check` is the full check for that.
+limit needs no check at all, for the root it was written for. Paths in the key are resolved,
+so a relative root or a copy of the tree is another dataset. An entry that is not as written
+(edited, another version's) is ignored with a warning and the check runs again.
+
+A file rewritten in place under the same name leaves its folder's time alone; stat()ing every
+file would cost a start minutes on a network file system, the very cost the cache saves. Such a
+file is met when its batch comes: both loaders check each file's header as they read it (the
+dali source before handing the bytes over), and raise or skip it by data.on_error.
+`stallfree data check` is the full check.
 """
 
 from __future__ import annotations
@@ -48,7 +55,11 @@ def stat_key(paths: Iterable[str | Path], prefix: str = "") -> str:
 
 
 def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
-    return stat_key(sources, f"{kind} {__version__} {max_pixels} {listing.digest()}")
+    # Resolved paths: a relative data.root names another dataset in another folder, and a
+    # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
+    where = os.path.realpath(listing.prefix)
+    return stat_key([os.path.realpath(s) for s in sources],
+                    f"{kind} {__version__} {max_pixels} {where} {listing.digest()}")
 
 
 def write_cache_file(path: Path, text: str) -> OSError | None:
@@ -63,16 +74,38 @@ def write_cache_file(path: Path, text: str) -> OSError | None:
     return None
 
 
-def _read_cache(path: Path) -> dict[str, str] | None:
+def _entry_digest(key: str, bad: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps([__version__, key, bad], sort_keys=True).encode()).hexdigest()
+
+
+_warned: set[Path] = set()
+
+
+def _read_cache(path: Path, key: str) -> dict[str, str] | None:
+    """The cached {path: reason}, or None (check again): absent, or not as `_write_cache` wrote
+    it for `key` (an older version's, edited, damaged), which is ignored with a warning."""
     try:
-        return dict(json.loads(path.read_text())["bad"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent, or half-written by a killed run: check again
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        entry = None
+    bad = entry.get("bad") if isinstance(entry, dict) else None
+    if isinstance(bad, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                     for k, v in bad.items()) \
+            and entry.get("digest") == _entry_digest(key, bad):
+        return bad
+    if path not in _warned:  # once a process: the train and val loaders may both read it
+        _warned.add(path)
+        warnings.warn(f"check cache {path} is not as stallfree {__version__} wrote it: ignored, "
+                      "the files are checked again", stacklevel=3)
+    return None
 
 
-def _write_cache(path: Path, bad: dict[str, str]) -> None:
+def _write_cache(path: Path, key: str, bad: dict[str, str]) -> None:
     """Keep the result for the next start; a cache that cannot be written only costs time."""
-    exc = write_cache_file(path, json.dumps({"version": __version__, "bad": bad}))
+    entry = {"version": __version__, "bad": bad, "digest": _entry_digest(key, bad)}
+    exc = write_cache_file(path, json.dumps(entry))
     if exc is not None:
         warnings.warn(f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
                       "start checks again; set STALLFREE_CACHE to a writable folder", stacklevel=3)
@@ -80,15 +113,15 @@ def _write_cache(path: Path, bad: dict[str, str]) -> None:
 
 def cached_check(kind: str, key: str, check: Callable[[], object]) -> None:
     """Run `check` (which raises on a problem) once per `key`: a marker file remembers a pass."""
-    marker = cache_dir() / f"{kind}-{hashlib.sha256(f'{__version__} {key}'.encode()).hexdigest()[:32]}.ok"
-    if marker.is_file():
-        return
-    check()
+    text = f"{kind} {__version__} {key}\n"
+    marker = cache_dir() / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.ok"
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-    except OSError:
-        pass  # only costs the next start the same check
+        if marker.read_text() == text:  # holds what was written: not a stray or edited file
+            return
+    except (OSError, ValueError):
+        pass  # absent or unreadable: check
+    check()
+    write_cache_file(marker, text)  # an error only costs the next start the same check
 
 
 def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str] | None:
@@ -114,8 +147,9 @@ def bad_headers_at_start(listing: Listing, *, sources: tuple[str, ...],
     """
     if checked_by == (__version__, max_pixels):
         return []  # a data check clean list: every file was fully decoded under these rules
-    cache = cache_dir() / f"headers-{_state_key('headers', listing, sources, max_pixels)}.json"
-    bad = _read_cache(cache)
+    key = _state_key("headers", listing, sources, max_pixels)
+    cache = cache_dir() / f"headers-{key}.json"
+    bad = _read_cache(cache, key)
     if bad is None:
         share = listing.iter_paths(dist.rank, dist.world_size)
         found = {e.path: e.reason for e in bad_headers(share, max_pixels, threads)}
@@ -123,7 +157,7 @@ def bad_headers_at_start(listing: Listing, *, sources: tuple[str, ...],
         if bad is None:  # several ranks without a process group: each knows its own share
             bad = found
         elif dist.rank == 0:
-            _write_cache(cache, bad)
+            _write_cache(cache, key, bad)
     return [BadImageError(path, reason) for path, reason in bad.items()]
 
 
@@ -148,8 +182,9 @@ def cached_bad_files(listing: Listing, *, sources: tuple[str, ...], max_pixels: 
                      workers: int, dist: DistInfo, progress: bool = True) -> dict[str, str]:
     """{path: reason} for the files of the split that do not fully decode, checked once and
     cached (data.on_error = skip under dali). Every rank gets the same answer."""
-    cache = cache_dir() / f"decode-{_state_key('decode', listing, sources, max_pixels)}.json"
-    bad = _read_cache(cache)
+    key = _state_key("decode", listing, sources, max_pixels)
+    cache = cache_dir() / f"decode-{key}.json"
+    bad = _read_cache(cache, key)
     if bad is not None:
         return bad
     share = list(listing.iter_paths(dist.rank, dist.world_size))
@@ -159,6 +194,6 @@ def cached_bad_files(listing: Listing, *, sources: tuple[str, ...], max_pixels: 
     if bad is None:
         raise RuntimeError("data.on_error = skip with several ranks needs the process group")
     if dist.rank == 0:
-        _write_cache(cache, bad)
+        _write_cache(cache, key, bad)
     return bad
 
