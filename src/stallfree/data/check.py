@@ -64,7 +64,8 @@ class CheckReport:
         lines = sorted(str(p.relative_to(self.root)) for p in self.good)
         # The first line says under which rules and limit every file was decoded: a run with
         # the same ones needs no header check at start (data/dataset.py reads it back).
-        head = (f"# stallfree data check {self.root}: {len(lines)} good files "
+        # The root resolved: the list vouches for that folder's files, not a copy's.
+        head = (f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
                 f"(stallfree {__version__}, max_pixels {self.max_pixels})")
         return head + "\n" + "\n".join(lines) + "\n"
 

@@ -19,8 +19,9 @@ from stallfree.errors import some_of
 from stallfree.recipe import DataConfig, Recipe
 
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
-# version's rules and pixel limit needs no header check at start.
-CHECKED_LIST = re.compile(r"^# stallfree data check .*\(stallfree (\S+), max_pixels (\d+)\)\s*$")
+# version's rules and pixel limit needs no header check at start, for the root it names.
+CHECKED_LIST = re.compile(
+    r"^# stallfree data check (.*): \d+ good files \(stallfree (\S+), max_pixels (\d+)\)\s*$")
 
 
 def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
@@ -158,8 +159,8 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     with open(path, encoding="utf-8", errors="surrogateescape") as lines:
         for number, line in enumerate(lines, 1):
             text = line.strip()
-            if number == 1 and (m := CHECKED_LIST.match(text)):
-                checked_by = (m.group(1), int(m.group(2)))
+            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), root):
+                checked_by = (m.group(2), int(m.group(3)))
             if not text or text.startswith("#"):
                 continue
             # Fast path for the usual clean relative line; anything else is normalised first.
@@ -188,6 +189,14 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     folders = [str(root / split / name) for split in SPLITS for name in classes]
     return Dataset(root=str(root), classes=classes, splits=splits,
                    sources=(str(path), *folders), checked_by=checked_by)
+
+
+def _same_root(checked: str, root: Path) -> bool:
+    """Whether a clean list's checked root is data.root. Only an absolute one can say: a
+    relative one meant the folder it named from wherever the check ran. A list for another
+    root (a copy, say) still selects the files, but cannot vouch for their bytes: the start
+    checks them, once (cached), as it does without a list."""
+    return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
 
 
 def _relative(text: str, bases: list[str]) -> str:
