@@ -19,7 +19,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+# Both end by saying how to put `stallfree` on PATH: the README's commands assume it.
+ACTIVATE := @echo "stallfree is installed in $(VENV)/bin; put it on PATH with: source $(VENV)/bin/activate"
+
 install: $(STAMP)
+	$(ACTIVATE)
 
 $(DEMO)/.complete: | $(STAMP)
 	$(VENV)/bin/stallfree data demo $(DEMO)
@@ -30,6 +34,7 @@ demo: $(STAMP) $(DEMO)/.complete
 	$(VENV)/bin/stallfree train pipelines/demo.toml --loader dali --out runs/demo-dali
 	$(VENV)/bin/stallfree train pipelines/demo.toml --loader torch --out runs/demo-torch
 	$(VENV)/bin/stallfree compare runs/demo-dali runs/demo-torch
+	$(ACTIVATE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 from stallfree.cli import build_parser, resolve_recipe
@@ -44,3 +45,22 @@ def test_readme_train_examples_on_the_demo_data_run_past_their_warmup() -> None:
             assert recipe.optim.warmup_steps < total, f"{shlex.join(words)}: {total} steps"
             checked.append(words)
     assert any("train.accum_steps=4" in w for words in checked for w in words), checked
+
+
+def test_setup_is_two_commands_and_usage_starts_by_putting_stallfree_on_path() -> None:
+    """`make demo` and `make test` are the set-up; the usage commands that follow need
+    .venv/bin on PATH, so the README activates it before its first `stallfree` command."""
+    blocks = _bash_blocks(README)
+    assert blocks[0] == [["make", "demo"], ["make", "test"]]
+    commands = [words for block in blocks[1:] for words in block]
+    first = next(i for i, words in enumerate(commands) if words[0] == "stallfree")
+    assert ["source", ".venv/bin/activate"] in commands[:first]
+
+
+def test_make_says_how_to_put_stallfree_on_path() -> None:
+    """What `make demo` and `make install` end with (`make -n`: printed, nothing run)."""
+    for target in ("demo", "install"):
+        done = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, check=True)
+        last = [line for line in done.stdout.splitlines() if line.strip()][-1]
+        assert "source .venv/bin/activate" in last, (target, done.stdout)
