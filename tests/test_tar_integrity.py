@@ -196,7 +196,7 @@ def test_other_peoples_webdataset_shards_train_with_their_cls_labels(
     # A second start reads the cached index and labels, not the shards' headers.
     import stallfree.data.foreign as foreign
 
-    monkeypatch.setattr(foreign, "index_text", None)
+    monkeypatch.setattr(foreign, "_group", None)
     again = resolve_dataset(DataConfig(root=str(tmp_path / "wds"), format="tar"))
     assert again.splits["train"].labels.tolist() == dataset.splits["train"].labels.tolist()
 
