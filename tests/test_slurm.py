@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -160,9 +161,68 @@ def test_the_batch_shell_alone_is_one_process() -> None:
 
 
 def test_the_rendezvous_comes_from_the_steps_first_node_and_the_job_id() -> None:
-    from stallfree.parallel import first_host, slurm_rendezvous
+    from stallfree.train.slurm import first_host, slurm_rendezvous
 
     assert first_host("gpu[07-09,12],cpu1") == "gpu07"
+    assert first_host("rack[1-2]-node[01-04]") == "rack1-node01"
     assert first_host("vm") == "vm" and first_host("a1,b2") == "a1"
     assert slurm_rendezvous({"SLURM_STEP_NODELIST": "n[3-4]", "SLURM_JOB_ID": "20005"}) == \
         {"MASTER_ADDR": "n3", "MASTER_PORT": "20005"}
+
+
+# Node lists as Slurm writes them (SLURM_JOB_NODELIST), and Slurm's expansion quirks: padding
+# from the low bound's digits, several brackets (left one outermost), commas inside and out,
+# spaces as separators, duplicates and order kept.
+NODE_LISTS = [
+    "vm", "a1,b2", "n[3-4]", "gpu[07-09,12],cpu1", "rack[1-2]-node[01-04]",
+    "a[1-3,5],b-c[01-02]x[1-2]", "n[01-3]", "n[1-02]", "n[8-11]", "n[099-101]", "n[0-1]",
+    "n[1-2][3-4]", "a[1-2]b[3]c[4-5]", "a.b[1-2].c[3-4]", "n[3,1-2]", "n[1,1]", "n[1-2],n1",
+    "h[1-2],g", "n[1-2] m1", "node1,node[3-4],gpu[007-008]", "n[1-2],", "[1-2]",
+]
+
+
+def _scontrol_or_skip() -> str:
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        reason = "scontrol is not installed (.ci/slurm-up installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return scontrol
+
+
+def test_node_lists_expand_as_slurms_own_scontrol_expands_them(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    from stallfree.train import slurm
+
+    scontrol = _scontrol_or_skip()
+    # `scontrol show hostnames` needs no controller, only a config to read (without one it
+    # retries for a minute): a minimal one, so the table does not depend on a cluster.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=expand\nSlurmctldHost=nowhere\n")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for nodelist in NODE_LISTS:
+        done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
+                              text=True, env=env, timeout=30, check=True)
+        assert "Invalid" not in done.stdout + done.stderr, (nodelist, done.stdout, done.stderr)
+        assert slurm.expand_nodelist(nodelist) == done.stdout.split(), nodelist
+    # hostnames() asks scontrol where it runs (here, with the job's config); the same answer.
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert slurm.hostnames("rack[1-2]-node[01-04]") == slurm.expand_nodelist(
+        "rack[1-2]-node[01-04]")
+
+
+def test_without_scontrol_the_parser_answers_and_bad_lists_are_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from stallfree.train import slurm
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the parser alone
+    assert slurm.hostnames("rack[1-2]-node[01-04]")[:5] == [
+        "rack1-node01", "rack1-node02", "rack1-node03", "rack1-node04", "rack2-node01"]
+    assert slurm.first_host("a[1-3,5],b-c[01-02]x[1-2]") == "a1"
+    assert slurm.slurm_rendezvous({"SLURM_JOB_NODELIST": "r[2-3]-n[07-08]",
+                                   "SLURM_JOB_ID": "1"})["MASTER_ADDR"] == "r2-n07"
+    for bad in ("n[1-2", "n[1-2]]", "n[3-1]", "n[a-b]", "n[]", "n[-1]"):
+        with pytest.raises(slurm.NodeListError, match=re.escape(bad)):
+            slurm.expand_nodelist(bad)

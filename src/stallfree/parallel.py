@@ -58,25 +58,6 @@ def _expand_counts(text: str) -> list[int]:
     return counts
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: "gpu[07-09,12],cpu1" -> "gpu07"."""
-    first = nodelist.split(",")[0]
-    if "[" not in first:
-        return first
-    prefix, _, rest = nodelist.partition("[")
-    return prefix + rest.split(",")[0].split("-")[0].rstrip("]")
-
-
-def slurm_rendezvous(env: dict[str, str] | None = None) -> dict[str, str]:
-    """MASTER_ADDR and MASTER_PORT for an srun step: its first node, and a port from the job
-    id (the same for every task, and for the job when it is requeued) unless already set."""
-    env = dict(os.environ if env is None else env)
-    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
-    return {"MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
-            "MASTER_PORT": env.get("MASTER_PORT") or str(
-                20_000 + int(env.get("SLURM_JOB_ID", "0")) % 20_000)}
-
-
 def cpu_cores() -> int:
     """Cores this process may run on (its affinity mask, not the machine's count)."""
     if hasattr(os, "sched_getaffinity"):

@@ -11,7 +11,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from stallfree.errors import DeviceError
-from stallfree.parallel import DistInfo, slurm_rendezvous
+from stallfree.parallel import DistInfo
+from stallfree.train.slurm import slurm_rendezvous
 
 
 def local_cuda_index(info: DistInfo, visible: int) -> int:
