@@ -3,7 +3,9 @@ cannot be read named in one line (never a silently shorter epoch, never a traceb
 
 from __future__ import annotations
 
+import gzip
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 from PIL import Image
 
 from helpers import small_recipe
+
 from stallfree.data.check import check_dataset
 from stallfree.data.dataset import resolve_dataset
 from stallfree.data.loader import build_loader
@@ -21,12 +24,10 @@ from stallfree.recipe import DataConfig
 CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 
-
 def _jpeg(value: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (12, 10), (value, 255 - value, 40)).save(buffer, "JPEG")
     return buffer.getvalue()
-
 
 def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,19 +38,16 @@ def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
             tar.addfile(info, io.BytesIO(data))
     return path
 
-
 def _samples(keys: list[tuple[str, int]], image_ext: str = "jpg",
              cls_ext: str = "cls") -> list[tuple[str, bytes]]:
     return [member for n, (key, label) in enumerate(keys)
             for member in ((f"{key}.{image_ext}", _jpeg(20 * n)),
                            (f"{key}.{cls_ext}", str(label).encode()))]
 
-
 # Keys as real shards have them: a class folder in front, a dot in a folder name, upper-case
 # extensions, webdataset's own __meta__ members (which it skips).
 _KEYS = [("k0000", 0), ("cat/k0001", 1), ("cat/k0002", 1), ("dog.v2/k0003", 0),
          ("deep/er/k0004", 1), ("k0005", 0)]
-
 
 def _real_world_shards(root: Path) -> None:
     for split in ("train", "val"):
@@ -58,18 +56,15 @@ def _real_world_shards(root: Path) -> None:
         _shard(root / split / "a.tar", members[:7])
         _shard(root / split / "b.tar", members[7:])
 
-
 def _webdataset_reads(root: Path, split: str) -> list[tuple[str, int]]:
     wds = pytest.importorskip("webdataset")
     urls = [str(p) for p in sorted((root / split).glob("*.tar"))]
     return [(s["__key__"], int(s["cls"])) for s in wds.WebDataset(urls, shardshuffle=False)]
 
-
 def _keys(paths: list[str]) -> list[str]:
     from webdataset.tariterators import base_plus_ext
 
     return [base_plus_ext(p.rpartition("::")[2].rsplit(":", 2)[0])[0] for p in paths]
-
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
@@ -92,7 +87,6 @@ def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
     report = check_dataset(tmp_path / "wds", workers=1, progress=False)
     assert len(report.good) == 12 and not report.bad  # data check counts them all
 
-
 def test_a_key_with_dots_is_named_as_webdataset_groups_it(tmp_path: Path) -> None:
     # webdataset's key ends at the first dot of the name: x.y.0000.jpg is sample "x" with the
     # field "y.0000.jpg", which is no image; such images must be named, not dropped.
@@ -101,3 +95,29 @@ def test_a_key_with_dots_is_named_as_webdataset_groups_it(tmp_path: Path) -> Non
                _samples([("k0000", 0), ("x.y.0001", 0), ("x.y.0002", 0)]))
     with pytest.raises(ShardError, match=r"a\.tar::x\.y\.0001\.jpg.*sample 'x'.*'y\.0001\.jpg'"):
         resolve_dataset(DataConfig(root=str(tmp_path), format="tar"))
+
+def _two_splits(root: Path) -> None:
+    for split in ("train", "val"):
+        _shard(root / split / "a.tar", _samples([("k0000", 0), ("k0001", 1)]))
+
+def _refused_by_both_loaders_and_check(root: Path, needle: str, backend: str) -> None:
+    recipe = small_recipe(root, data={"format": "tar"}, loader={"backend": backend})
+    with pytest.raises(ShardError, match=needle) as caught:
+        build_loader(recipe, "train", device=CPU)
+    assert "\n" not in str(caught.value)  # one line
+    report = check_dataset(root, workers=1, progress=False)
+    assert report.bad and any(re.search(needle, reason) for _, reason in report.bad)
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_compressed_shard_beside_plain_ones_is_refused_by_name(
+        tmp_path: Path, backend: str, alone: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    _two_splits(tmp_path)
+    plain = _shard(tmp_path / "b.tar", _samples([("k0002", 0), ("k0003", 1)]))
+    (tmp_path / "train" / "b.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    if alone:  # train holds compressed shards only: still shards, not an empty folder dataset
+        (tmp_path / "train" / "a.tar").unlink()
+    _refused_by_both_loaders_and_check(tmp_path, r"train/b\.tar\.gz is a compressed shard.*gunzip",
+                                       backend)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallfree import __version__
+from stallfree.data.foreign import is_shard_folder
 from stallfree.data.imageio import IMAGE_EXTENSIONS
 from stallfree.data.listing import SPLITS, Dataset, DatasetError
 from stallfree.data.pack import file_sha256
@@ -93,8 +94,7 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
     of tar shards, check them whole: see `check_shards`)."""
     root = Path(root)
-    if (root / "manifest.json").is_file() or any(root.glob("train*.tar")) or \
-            any((root / "train").glob("*.tar")):
+    if (root / "manifest.json").is_file() or is_shard_folder(root):
         return check_shards(root, workers=cpu_cores() if workers < 1 else workers,
                             max_pixels=max_pixels, progress=progress)
     files = _files(root)
