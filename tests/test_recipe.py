@@ -144,3 +144,18 @@ def test_micro_batch_is_a_size_or_auto() -> None:
         apply_overrides(Recipe(), ["train.micro_batch=big"])
     with pytest.raises(RecipeError, match="must be >= 0"):
         apply_overrides(Recipe(), ["train.micro_batch=-1"])
+
+
+def test_an_old_recipe_names_every_moved_key_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text('[data]\nroot = "x"\n[loader]\nbackend = "dali"\nworkers = 4\nthreads = 3\n'
+                    'device = "cpu"\nhw_decoder_load = 0.5\n')
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message
+    for old, new in (("loader.workers", "loader.torch.workers"),
+                     ("loader.threads", "loader.dali.threads"),
+                     ("loader.device", "loader.dali.device"),
+                     ("loader.hw_decoder_load", "loader.dali.hw_decoder_load")):
+        assert f"'{old}'" in message and f"'{new}'" in message

@@ -222,9 +222,20 @@ def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
                               f"{', '.join(Recipe.__dataclass_fields__)}")
         if not isinstance(table, dict):
             raise RecipeError(f"{source}: [{section}] must be a table, got {table!r}")
+    _refuse_moved(raw, source)
+    for section, table in raw.items():
         for key, value in table.items():
             set_field(getattr(recipe, section), section, key, value, source, _MOVED)
     return recipe
+
+
+def _refuse_moved(raw: dict[str, Any], source: str) -> None:
+    """Every moved key of an old recipe in one message, so that one edit fixes them all."""
+    moved = [f"'{old}' -> '{_MOVED[old]}'" for old in (
+        f"{section}.{key}" for section, table in raw.items() for key in table) if old in _MOVED]
+    if len(moved) > 1:
+        raise RecipeError(f"{source}: {len(moved)} keys have moved into their backend's table: "
+                          f"{', '.join(moved)}; write each under its new table instead")
 
 
 def load_recipe(path: str | Path) -> Recipe:
