@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from helpers import small_recipe
-
+from stallfree.cli import main
 from stallfree.data.check import check_dataset
 from stallfree.data.dataset import resolve_dataset
 from stallfree.data.loader import build_loader
@@ -24,10 +24,12 @@ from stallfree.recipe import DataConfig
 CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 
+
 def _jpeg(value: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (12, 10), (value, 255 - value, 40)).save(buffer, "JPEG")
     return buffer.getvalue()
+
 
 def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,16 +40,19 @@ def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
             tar.addfile(info, io.BytesIO(data))
     return path
 
+
 def _samples(keys: list[tuple[str, int]], image_ext: str = "jpg",
              cls_ext: str = "cls") -> list[tuple[str, bytes]]:
     return [member for n, (key, label) in enumerate(keys)
             for member in ((f"{key}.{image_ext}", _jpeg(20 * n)),
                            (f"{key}.{cls_ext}", str(label).encode()))]
 
+
 # Keys as real shards have them: a class folder in front, a dot in a folder name, upper-case
 # extensions, webdataset's own __meta__ members (which it skips).
 _KEYS = [("k0000", 0), ("cat/k0001", 1), ("cat/k0002", 1), ("dog.v2/k0003", 0),
          ("deep/er/k0004", 1), ("k0005", 0)]
+
 
 def _real_world_shards(root: Path) -> None:
     for split in ("train", "val"):
@@ -56,15 +61,18 @@ def _real_world_shards(root: Path) -> None:
         _shard(root / split / "a.tar", members[:7])
         _shard(root / split / "b.tar", members[7:])
 
+
 def _webdataset_reads(root: Path, split: str) -> list[tuple[str, int]]:
     wds = pytest.importorskip("webdataset")
     urls = [str(p) for p in sorted((root / split).glob("*.tar"))]
     return [(s["__key__"], int(s["cls"])) for s in wds.WebDataset(urls, shardshuffle=False)]
 
+
 def _keys(paths: list[str]) -> list[str]:
     from webdataset.tariterators import base_plus_ext
 
     return [base_plus_ext(p.rpartition("::")[2].rsplit(":", 2)[0])[0] for p in paths]
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
@@ -87,6 +95,7 @@ def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
     report = check_dataset(tmp_path / "wds", workers=1, progress=False)
     assert len(report.good) == 12 and not report.bad  # data check counts them all
 
+
 def test_a_key_with_dots_is_named_as_webdataset_groups_it(tmp_path: Path) -> None:
     # webdataset's key ends at the first dot of the name: x.y.0000.jpg is sample "x" with the
     # field "y.0000.jpg", which is no image; such images must be named, not dropped.
@@ -96,9 +105,11 @@ def test_a_key_with_dots_is_named_as_webdataset_groups_it(tmp_path: Path) -> Non
     with pytest.raises(ShardError, match=r"a\.tar::x\.y\.0001\.jpg.*sample 'x'.*'y\.0001\.jpg'"):
         resolve_dataset(DataConfig(root=str(tmp_path), format="tar"))
 
+
 def _two_splits(root: Path) -> None:
     for split in ("train", "val"):
         _shard(root / split / "a.tar", _samples([("k0000", 0), ("k0001", 1)]))
+
 
 def _refused_by_both_loaders_and_check(root: Path, needle: str, backend: str) -> None:
     recipe = small_recipe(root, data={"format": "tar"}, loader={"backend": backend})
@@ -107,6 +118,7 @@ def _refused_by_both_loaders_and_check(root: Path, needle: str, backend: str) ->
     assert "\n" not in str(caught.value)  # one line
     report = check_dataset(root, workers=1, progress=False)
     assert report.bad and any(re.search(needle, reason) for _, reason in report.bad)
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("alone", [False, True])
@@ -121,3 +133,23 @@ def test_a_compressed_shard_beside_plain_ones_is_refused_by_name(
         (tmp_path / "train" / "a.tar").unlink()
     _refused_by_both_loaders_and_check(tmp_path, r"train/b\.tar\.gz is a compressed shard.*gunzip",
                                        backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("content,needle", [
+    (b"", r"train/b\.tar is empty \(0 bytes\)"),
+    ("gzip", r"train/b\.tar is gzip-compressed, not a plain tar.*gunzip"),
+    (b"not a tar at all " * 64, r"train/b\.tar is not a tar file"),
+])
+def test_an_empty_or_disguised_shard_is_one_line_naming_it(
+        tmp_path: Path, backend: str, content: bytes | str, needle: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    _two_splits(tmp_path)
+    bad = tmp_path / "train" / "b.tar"
+    if content == "gzip":
+        content = gzip.compress(_shard(tmp_path / "x.tar", _samples([("k2", 0)])).read_bytes())
+    bad.write_bytes(content)
+    _refused_by_both_loaders_and_check(tmp_path, needle, backend)
+    rc = main(["data", "check", str(tmp_path), "--no-progress", "--workers", "1"])
+    assert rc == 1
