@@ -8,11 +8,12 @@ DEMO   := data/demo
 # torch==2.13.0 is installed first only when no torch is present: a bare `torch` requirement
 # would otherwise pull a multi-GB CUDA build; inside the NVIDIA container its own torch is kept.
 TORCH_PIN ?= torch==2.13.0
-EXTRAS ?= test,plot,dali,fast,track
+# tb: TensorBoard's tb/ in every run directory (tensorboard, grpcio, its data server: ~50 MB installed).
+EXTRAS ?= test,plot,dali,fast,track,tb
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile  # a new extra here reaches an existing .venv
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
+import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import small_recipe
+from stallfree.metrics import SinkSet
 from stallfree.recipe import RecipeError
 from stallfree.train.run import train
 
@@ -41,3 +44,28 @@ def test_a_missing_tracker_is_named_before_anything_is_written(
     with pytest.raises(RecipeError, match="train.trackers includes 'wandb'.*pip install wandb"):
         train(recipe, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_tensorboard_is_said_once_with_the_install_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # None in sys.modules makes the import fail, as it does without the tensorboard package.
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    sinks = SinkSet()
+    with caplog.at_level(logging.INFO, logger="stallfree"):
+        sinks.open(tmp_path)
+        for step in (1, 2):
+            sinks.write({"step": step, "loss": 1.0})
+        sinks.close()
+    said = [r.getMessage() for r in caplog.records if "TensorBoard" in r.getMessage()]
+    assert len(said) == 1 and "pip install -e '.[tb]'" in said[0], said
+    assert not (tmp_path / "tb").exists()
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_tensorboard_is_written_when_installed(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tb extra: pip install -e '.[tb]' (make installs it)")
+    sinks = SinkSet()
+    sinks.open(tmp_path)
+    sinks.write({"step": 1, "loss": 1.0})
+    sinks.close()
+    assert [f.stat().st_size > 0 for f in (tmp_path / "tb").glob("events.out.tfevents.*")] == [True]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from stallfree.log import LOGGER
+
 if TYPE_CHECKING:
     import torch
 
@@ -189,14 +191,18 @@ TRACKERS = {"mlflow": (MlflowSink, "mlflow-skinny"), "wandb": (WandbSink, "wandb
 
 def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...] = (),
                params: dict[str, Any] | None = None) -> list[JsonlSink | Sink]:
-    """metrics.jsonl always; TensorBoard when the package is importable; the trackers asked
-    for (train.trackers), given the flattened recipe as their run's parameters."""
+    """metrics.jsonl always; TensorBoard when the package is importable (else one warning with
+    the install command); the trackers asked for (train.trackers), given the flattened recipe
+    as their run's parameters."""
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if tensorboard:
         try:
             sinks.append(TensorBoardSink(run_dir / "tb"))
-        except ImportError:
-            pass
+        except (ImportError, OSError) as exc:
+            # Said once, at the start: a missing tb/ found after a long run is a lost curve.
+            LOGGER.warning(f"TensorBoard: no {run_dir / 'tb'} for this run ({type(exc).__name__}: "
+                           f"{exc}); install it with pip install -e '.[tb]' (make installs it); "
+                           "metrics.jsonl has every record")
     for name in trackers:
         sinks.append(TRACKERS[name][0](run_dir, params or {}))
     return sinks
