@@ -15,8 +15,8 @@ from stallfree import __version__
 from stallfree.data.registry import AUTO, BACKENDS, BENCH_VARIANTS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
-from stallfree.recipe import (DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, load_recipe,
-                              validate)
+from stallfree.recipe import (DEFAULT_MAX_PIXELS, Recipe, RecipeError, apply_overrides, check_paths,
+                              load_recipe, validate)
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_recipe(args: argparse.Namespace) -> Recipe:
-    """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides."""
+def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
+    """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides;
+    `paths`: check the files it names too. Torch-free, so a mistake is said at once."""
     recipe = load_recipe(args.recipe)
     overrides = list(args.overrides)
     if args.loader:
@@ -160,6 +161,8 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
     recipe = apply_overrides(recipe, overrides)
     try:  # the rules across keys, checked here so that the message says where the recipe came from
         validate(recipe)
+        if paths:  # a resumed run reads its checkpoint's weights, not model.init_from
+            check_paths(recipe, weights=args.command == "train" and not args.resume)
     except RecipeError as exc:
         flags = " with its flags and --set overrides" if overrides else ""
         raise RecipeError(f"{args.recipe}{flags}: {exc}") from exc
@@ -167,17 +170,17 @@ def resolve_recipe(args: argparse.Namespace) -> Recipe:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StopSignal
-    from stallfree.train.run import train  # torch-heavy imports only when training
-    from stallfree.train.slurm import maybe_requeue
-    from stallfree.train.trainer import PreemptedError
-
-    recipe = resolve_recipe(args)
+    recipe = resolve_recipe(args, paths=True)
     if args.resume and not args.out:
         raise RecipeError("--resume needs --out: the run directory whose checkpoints/ to resume")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
+    # torch-heavy imports (seconds) only once the recipe and its paths have passed
+    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StopSignal
+    from stallfree.train.run import train
+    from stallfree.train.slurm import maybe_requeue
+    from stallfree.train.trainer import PreemptedError
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{stamp}"
     # Slurm's SIGUSR1 ("time is nearly up") during start-up (imports, listing, checks) is kept
@@ -269,9 +272,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    recipe = resolve_recipe(args, paths=True)  # before torch's import: said at once
     from stallfree.train.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(resolve_recipe(args), args.checkpoint)
+    result = evaluate_checkpoint(recipe, args.checkpoint)
     if _rank() == 0:
         if args.json:
             print(json.dumps(result))

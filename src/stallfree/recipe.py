@@ -321,6 +321,28 @@ def validate(recipe: Recipe) -> None:
                           "empty; set it in the recipe or with --set data.root=PATH")
 
 
+def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
+    """The files and folders the recipe names exist: checked before torch is imported, so that
+    a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
+    data = recipe.data
+    if data.root and "://" not in data.root:  # an object store's URL is checked by its reader
+        root = Path(data.root)
+        if not root.is_dir():
+            hint = " (run `stallfree data demo data/demo` to build the demo data)" \
+                if "demo" in data.root else ""
+            raise RecipeError(f"data.root {root} does not exist{hint}")
+        for split in ("train", "val") if data.format == "folder" else ():
+            if not (root / split).is_dir():
+                raise RecipeError(f"data.root {root} has no {split}/ folder; expected "
+                                  f"{root}/{split}/<class>/<image>")
+    if data.file_list and not Path(data.file_list).is_file():
+        raise RecipeError(f"data.file_list {data.file_list} does not exist; point it at a file "
+                          "with one image path per line (relative to data.root), or unset it")
+    if weights and recipe.model.init_from and not Path(recipe.model.init_from).is_file():
+        raise RecipeError(f"model.init_from = {recipe.model.init_from}: no such file; name a "
+                          "checkpoint, a best.pt or a state dict of the same model")
+
+
 def _check_size_schedule(sizes: int | list[list[int]]) -> None:
     if isinstance(sizes, int):
         return
