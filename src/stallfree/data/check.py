@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallfree import __version__
+from stallfree.data.dataset import class_files
 from stallfree.data.foreign import is_shard_folder
 from stallfree.data.imageio import IMAGE_EXTENSIONS
 from stallfree.data.listing import SPLITS, Dataset, DatasetError
@@ -71,21 +72,21 @@ class CheckReport:
         return head + "\n" + "\n".join(lines) + "\n"
 
 
-def _class_of(path: Path) -> str:
-    return f"{path.parent.parent.name}/{path.parent.name}"
+def _class_of(path: Path, root: Path) -> str:
+    split, name = path.relative_to(root).parts[:2]  # SPLIT/CLASS/[SUB/...]FILE
+    return f"{split}/{name}"
 
 
 def _files(root: Path) -> list[Path]:
-    """Every file under ROOT/{train,val}/<class>/ (hidden ones aside)."""
+    """Every file under ROOT/{train,val}/<class>/, sub-folders included, as the loaders list
+    them (data/dataset.py: `class_files`; hidden ones aside, dangling links named)."""
     found: list[Path] = []
     for split in SPLITS:
         split_dir = root / split
         if not split_dir.is_dir():
             raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
         for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
-            # A dangling symlink is not a file, but it must be named, not dropped.
-            found += sorted(p for p in folder.iterdir() if (p.is_file() or p.is_symlink())
-                            and not p.name.startswith("."))
+            found += [folder / name for name in class_files(folder)[0]]
     return found
 
 
@@ -101,7 +102,7 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     report = CheckReport(root=root, max_pixels=max_pixels)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
     for path in files:
-        report.per_class[_class_of(path)] += 1
+        report.per_class[_class_of(path, root)] += 1
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
             report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
     started = time.perf_counter()
@@ -115,7 +116,7 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
             report.bad.append((path, reason))
     report.seconds = time.perf_counter() - started
     for path, _ in report.bad:
-        report.per_class_bad[_class_of(path)] += 1
+        report.per_class_bad[_class_of(path, root)] += 1
     return report
 
 

@@ -59,10 +59,12 @@ def resolve_dataset(data: DataConfig) -> Dataset:
         )
     if data.file_list:
         return _from_file_list(root, classes, Path(data.file_list))
-    train = list_split(root, "train", classes)
-    val = list_split(root, "val", classes)
+    train, train_subs = _list_split(root, "train", classes)
+    val, val_subs = _list_split(root, "val", classes)
     _warn_unmeasured(val_dir, classes, val)
-    sources = tuple(str(root / split / name) for split in SPLITS for name in classes)
+    # Sub-folders too: a file replaced in one moves its time, not the class folder's.
+    sources = (*(str(root / split / name) for split in SPLITS for name in classes),
+               *train_subs, *val_subs)
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val},
                    sources=sources)
 
@@ -105,11 +107,48 @@ def _accepted(name: str) -> bool:
     return bool(dot) and bool(stem.strip(".")) and f".{ext.lower()}" in ACCEPTED_SUFFIXES
 
 
+def class_files(folder: Path) -> tuple[list[str], list[str]]:
+    """Every file under a class folder (paths relative to it), walked as torchvision's
+    ImageFolder walks it: folder by folder in sorted order of their path (the class folder
+    first), each folder's files sorted by name; and the sub-folders walked. Hidden files and
+    folders are skipped; symlinked folders are followed, a link back into its own ancestors is
+    an error naming it."""
+    found: list[tuple[str, list[str]]] = []
+    pending = [("", folder, frozenset[tuple[int, int]]())]
+    while pending:
+        rel, path, ancestors = pending.pop()
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) in ancestors:
+            raise DatasetError(f"{path} links back to a folder above it (a loop); remove the link")
+        ancestors = ancestors | {(st.st_dev, st.st_ino)}
+        files = []
+        with os.scandir(path) as entries:  # d_type says "file": no stat() per file
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                if e.is_dir():
+                    pending.append((f"{rel}{e.name}/", Path(e.path), ancestors))
+                elif e.is_file() or e.is_symlink():  # a dangling link is named at start, not dropped
+                    files.append(e.name)
+        found.append((rel, sorted(rel + f for f in files)))
+    # ImageFolder sorts os.walk's (folder path, ...) tuples: the class folder first, then the
+    # sub-folders by path without a trailing "/" ("a" < "a b" < "a-b" < "a/x" < "a0").
+    found.sort(key=lambda item: (item[0] != "", item[0].rstrip("/")))
+    return [f for _, names in found for f in names], [rel.rstrip("/") for rel, _ in found[1:]]
+
+
 def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None) -> Listing:
     """List one split. `classes` (train's) fixes the label map; None lists the split's own folders.
 
-    Files with other extensions are left out and named in one warning.
+    Images in sub-folders of a class folder belong to that class (see `class_files`); files
+    with other extensions are left out and named in one warning.
     """
+    return _list_split(root, split, classes)[0]
+
+
+def _list_split(root: str | Path, split: str,
+                classes: tuple[str, ...] | None = None) -> tuple[Listing, list[str]]:
+    """The split's listing and every sub-folder of a class folder it walked (cache sources)."""
     split_dir = Path(root) / split
     if not split_dir.is_dir():
         raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
@@ -120,14 +159,13 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
         raise DatasetError(f"{split_dir} has no class folders; expected {split_dir}/<class>/<image>")
     builder = ListingBuilder(str(split_dir) + os.sep, classes)
     left_out: list[str] = []
+    sub_folders: list[str] = []
     for label, name in enumerate(classes):
         folder = split_dir / name
         if not folder.is_dir():
             continue  # a training class without val images: warned about by resolve_dataset
-        with os.scandir(folder) as entries:  # d_type says "file": no stat() per file
-            # A dangling symlink is listed too: the start-up check names it, never drops it.
-            files = sorted(e.name for e in entries if not e.name.startswith(".")
-                           and (e.is_file() or e.is_symlink()))
+        files, subs = class_files(folder)
+        sub_folders += [str(folder / sub) for sub in subs]
         left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
         files = [f"{name}/{f}" for f in files if _accepted(f)]
         if not files and split == "train":
@@ -137,16 +175,17 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
     if left_out:
         warnings.warn(f"{split_dir}: left out {len(left_out)} file(s) that are not of an accepted "
                       f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
-                      stacklevel=2)
+                      stacklevel=3)
     if not len(builder):
         raise DatasetError(f"{split_dir} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return builder.build()
+    return builder.build(), sub_folders
 
 
 def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset:
     """The listing a clean file list names, read from the list alone: no folder is walked.
 
-    Lines are paths relative to data.root (or absolute, under it): SPLIT/CLASS/FILE. Each
+    Lines are paths relative to data.root (or absolute, under it): SPLIT/CLASS/FILE, or
+    SPLIT/CLASS/SUB/.../FILE for an image in a sub-folder of its class folder. Each
     split keeps the list's order within a class, classes in train's order.
     """
     if not path.is_file():
@@ -166,14 +205,14 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
             # Fast path for the usual clean relative line; anything else is normalised first.
             plain = not text.startswith(("/", ".")) and "/." not in text and "//" not in text
             parts = (text if plain else _relative(text, bases)).split(os.sep)
-            if len(parts) != 3 or parts[0] not in SPLITS or parts[1] not in index:
+            if len(parts) < 3 or parts[0] not in SPLITS or parts[1] not in index:
                 raise DatasetError(
-                    f"{path}:{number}: {text!r} is not SPLIT/CLASS/FILE under data.root {root} "
-                    f"with a class of {root / 'train'}; fix the line or data.root")
-            if not _accepted(parts[2]):
+                    f"{path}:{number}: {text!r} is not SPLIT/CLASS/[SUB/]FILE under data.root "
+                    f"{root} with a class of {root / 'train'}; fix the line or data.root")
+            if not _accepted(parts[-1]):
                 left_out.append(text)
                 continue
-            tails[parts[0]][index[parts[1]]].append(f"{parts[1]}/{parts[2]}")
+            tails[parts[0]][index[parts[1]]].append("/".join(parts[1:]))
     if left_out:
         warnings.warn(f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
                       f"image type: {some_of(left_out, 5)}", stacklevel=3)
