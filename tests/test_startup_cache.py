@@ -142,3 +142,30 @@ def test_skip_drops_a_file_replaced_after_the_cache_on_both_loaders(
     assert loader.skipped_samples == 1
     # 8 files, batch 4: two batches in the epoch's order, the bad one leaving a hole.
     assert sorted(b.labels.numel() for b in batches) == [3, 4]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_a_batch_of_only_replaced_files_is_empty_or_named(
+        tmp_path: Path, cache: Path, backend: str, on_error: str) -> None:
+    """Item 6: batch 1, one file replaced in place after the cache: under skip its batch is
+    empty (the step count stays in step), under raise its name stops the run; both loaders."""
+    root = _root(tmp_path / "data", per_class=3)
+    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 1},
+                          data={"on_error": on_error})
+    build_loader(recipe, "val", device=CPU).close()  # checked, cached
+    victim = root / "val" / "a" / "1.jpg"
+    _in_place(victim, _bomb())
+    loader = build_loader(recipe, "val", device=CPU)
+    try:
+        if on_error == "raise":
+            with pytest.raises(BadImageError, match="data.max_pixels") as info:
+                list(loader)
+            assert info.value.path == str(victim)
+            return
+        with pytest.warns(UserWarning, match=r"skipped .*1\.jpg"):
+            sizes = [b.labels.numel() for b in loader]
+        assert sizes == [1, 0, 1, 1, 1, 1] and loader.skipped_samples == 1
+        assert [b.labels.numel() for b in loader] == sizes  # the next pass alike
+    finally:
+        loader.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 
 from stallfree.data.autoaug import FILL, MAX_TRANSLATE
 from stallfree.data.headers import read_bytes
-from stallfree.data.imageio import BadImageError
+from stallfree.data.imageio import BadImageError, check_header
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
@@ -191,6 +192,9 @@ class DaliLoader(ShardedLoader):
         self._ended = False  # the live pipeline finished an epoch and awaits its reset
         self._feed_start = 0  # where the source starts in the epoch's order (set before a reset)
         self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
+        # Files fed per batch of the plan, in order, until the batch is taken: 0 marks a batch
+        # whose every file was skipped, which DALI (no empty batches) never sees.
+        self._fed: deque[int] = deque()
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
@@ -219,11 +223,32 @@ class DaliLoader(ShardedLoader):
         """
         listing = self.spec.listing
         assert listing is not None
+        self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
         side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
         for ids in self.plan.batches(self.epoch_order()[0], self._feed_start):
             ids = self._listing_ids(ids)
-            yield ([np.frombuffer(read_bytes(path), dtype=np.uint8) for path in listing.paths(ids)],
-                   [np.array([listing.labels[i]], dtype=np.int64) for i in ids], [side] * len(ids))
+            kept = [(data, np.array([label], dtype=np.int64)) for path, label in
+                    zip(listing.paths(ids), listing.labels[ids].tolist())
+                    if (data := self._screened(path)) is not None]
+            images, labels = [k[0] for k in kept], [k[1] for k in kept]
+            self._fed.append(len(kept))
+            if images:
+                yield images, labels, [side] * len(images)
+
+    def _screened(self, path: str) -> np.ndarray | None:
+        """The file's bytes once its header passes; a bad one raises, or (skip) is counted,
+        named and left out of its batch, as the torch backend's decode does. The start-up
+        check's cache cannot see a file rewritten in place, and DALI must never get a bomb."""
+        data = read_bytes(path)
+        try:
+            check_header(path, self.spec.max_pixels)
+        except BadImageError as exc:
+            if self.spec.on_error != "skip":
+                raise
+            self.skipped_samples += 1
+            warnings.warn(f"skipped {exc.path}: {exc.reason}", stacklevel=2)
+            return None
+        return np.frombuffer(data, dtype=np.uint8)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_left() == 0:
@@ -247,7 +272,7 @@ class DaliLoader(ShardedLoader):
             # else: re-iterated after stopping mid-epoch; the live pipeline's next batch is the
             # next unseen one, as in the torch backend.
             yield from self._counted(self._batches(self._iterator))
-        except DataPipelineError:
+        except (DataPipelineError, BadImageError):  # a bad file met in the source, or named
             self._close_iterator()
             raise
         except RuntimeError as exc:
@@ -272,21 +297,45 @@ class DaliLoader(ShardedLoader):
         return DataPipelineError(f"the DALI pipeline stopped: {first_cause(str(exc))}")
 
     def _batches(self, iterator: DALIGenericIterator) -> Iterator[Batch]:
-        outputs = self._until_epoch_end(iterator)
+        # A batch of only skipped files is an empty one, as the torch backend's: the steps and
+        # the accumulation window (and DDP's collectives) stay in step.
+        side, raw = self.spec.crop_size(self.epoch), self.prefetcher is not None
+        hwc = raw or self.spec.channels_last
+        empty = [{"images": torch.zeros((0, side, side, 3) if hwc else (0, 3, side, side),
+                                        dtype=torch.uint8 if raw else self.spec.dtype),
+                  "labels": torch.zeros(0, dtype=torch.int64)}]
+        outputs = (empty if data is None else data for data in self._until_epoch_end(iterator))
         if self.prefetcher is None:
             return (self._to_batch(data[0]) for data in outputs)
-        raw = ((data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long())
-               for data in outputs)
-        return self.prefetcher(raw)
+        return self.prefetcher((data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long())
+                               for data in outputs)
 
     def _until_epoch_end(self, iterator: DALIGenericIterator) -> Iterator[Any]:
-        """The epoch's remaining outputs. DALI's end of epoch is taken with the last one, not
-        when the caller asks past it: a caller that takes exactly `len()` batches leaves the
-        pipeline ready for its reset all the same (else the next epoch would need a rebuild,
-        whose fresh random state would differ from a reset's)."""
-        left = self.batches_left()
-        for i, data in enumerate(iterator):
-            if i + 1 == left:
+        """The epoch's remaining outputs, None for a batch of only skipped files. DALI's end
+        of epoch is taken with the last one, not when the caller asks past it: a caller that
+        takes exactly `len()` batches leaves the pipeline ready for its reset all the same
+        (else the next epoch would need a rebuild, whose fresh random state would differ from
+        a reset's)."""
+        left, taken = self.batches_left(), 0
+        while taken < left:
+            if self._fed and self._fed[0] == 0:  # known before DALI is asked for more
+                self._fed.popleft()
+                taken += 1
+                yield None
+                continue
+            data = next(iterator, None)
+            self._ended = data is None  # DALI's end: only batches of skipped files may be left
+            for _ in itertools.takewhile(lambda n: n == 0, list(self._fed)):
+                self._fed.popleft()  # fed while DALI was asked, before this output's files
+                taken += 1
+                yield None
+            if data is None:
+                if taken < left:
+                    raise DataPipelineError("the DALI pipeline gave fewer batches than planned")
+                return
+            self._fed.popleft()
+            taken += 1
+            if taken == left:
                 if next(iterator, None) is not None:
                     raise DataPipelineError("the DALI pipeline gave more batches than planned")
                 self._ended = True
@@ -334,6 +383,7 @@ class DaliLoader(ShardedLoader):
 
     def _close_iterator(self) -> None:
         self._iterator, self._ended = None, False  # drops the pipeline, its threads and buffers
+        self._fed.clear()
 
     def close(self) -> None:
         self._close_iterator()
