@@ -130,3 +130,15 @@ def test_a_folder_link_back_into_its_class_is_named(tmp_path: Path) -> None:
     os.symlink("..", tmp_path / "train" / "brick" / "nested" / "up")  # os.walk would never end
     with pytest.raises(DatasetError, match=r"brick/nested/up links back to a folder above it"):
         list_split(tmp_path, "train")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_list_without_any_image_of_a_train_class_is_an_error(
+        tmp_path: Path, backend: str) -> None:
+    root = _nested_root(tmp_path / "data")
+    listed = tmp_path / "list.txt"
+    listed.write_text("train/brick/z.jpg\ntrain/brick/nested/0.jpg\nval/brick/z.jpg\n"
+                      "val/clay/z.jpg\n")  # no train/clay line: as a folder, clay would be empty
+    recipe = small_recipe(root, data={"file_list": str(listed)}, loader={"backend": backend})
+    with pytest.raises(DatasetError, match=r"list\.txt names no train images of class 'clay'"):
+        build_loader(recipe, "train", device=CPU)

@@ -216,6 +216,7 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     if left_out:
         warnings.warn(f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
                       f"image type: {some_of(left_out, 5)}", stacklevel=3)
+    _check_every_class_listed(path, root, classes, tails["train"])
     splits = {}
     for split in SPLITS:
         builder = ListingBuilder(str(root / split) + os.sep, classes)
@@ -236,6 +237,18 @@ def _same_root(checked: str, root: Path) -> bool:
     root (a copy, say) still selects the files, but cannot vouch for their bytes: the start
     checks them, once (cached), as it does without a list."""
     return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
+
+
+def _check_every_class_listed(path: Path, root: Path, classes: tuple[str, ...],
+                              train: list[list[str]]) -> None:
+    """A train class the list names no image of is an error, as an empty class folder is:
+    a label the model could never learn."""
+    empty = [repr(name) for name, names in zip(classes, train, strict=True) if not names]
+    if empty:
+        raise DatasetError(f"data.file_list {path} names no train images of class "
+                           f"{some_of(empty)} (a class folder of {root / 'train'}); add its "
+                           "images to the list, or remove the folder (train's class folders "
+                           "are the label map)")
 
 
 def _relative(text: str, bases: list[str]) -> str:
