@@ -64,3 +64,11 @@ def test_make_says_how_to_put_stallfree_on_path() -> None:
                               timeout=60, check=True)
         last = [line for line in done.stdout.splitlines() if line.strip()][-1]
         assert "source .venv/bin/activate" in last, (target, done.stdout)
+
+
+def test_where_the_readme_shows_mlflow_it_says_how_to_read_the_store() -> None:
+    """MLflow 3 refuses a file store without MLFLOW_ALLOW_FILE_STORE=true, and the track extra's
+    mlflow-skinny has no `mlflow ui` (no flask): both said in the tracker's paragraph."""
+    (paragraph,) = [p for p in README.split("\n\n") if "train.trackers" in p]
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in paragraph
+    assert "pip install mlflow" in paragraph and "mlflow ui" in paragraph

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import small_recipe
+from helpers import small_recipe, train_until_logged
 from stallfree.metrics import SinkSet
 from stallfree.recipe import RecipeError
 from stallfree.train.run import train
@@ -33,6 +35,34 @@ def test_mlflow_and_wandb_record_the_run(image_root: Path, tmp_path: Path) -> No
     assert len(client.get_metric_history(found.info.run_id, "loss")) == 14
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+@pytest.mark.slow  # ~15 s: a stopped subprocess and a resumed run
+def test_a_resumed_run_continues_its_one_mlflow_run(image_root: Path, tmp_path: Path) -> None:
+    """Stopped by SIGTERM, then its newest checkpoint lost (a crash after more steps were logged),
+    resumed: one MLflow run, every step once, the values of an unbroken history."""
+    pytest.importorskip("mlflow", reason="the track extra: pip install -e '.[track]'")
+    from mlflow.tracking import MlflowClient
+
+    recipe = small_recipe(image_root, train={"epochs": 2, "trackers": ["mlflow"], "log_every": 1,
+                                             "ckpt_every_steps": 2, "keep_checkpoints": 20})
+    proc, _, run = train_until_logged(recipe, tmp_path, records=5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75, proc.stderr.read()[-2000:]
+    newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    newest.write_bytes(b"")  # lost: the resume goes back to an older one, re-running logged steps
+    with pytest.warns(UserWarning, match="truncated or corrupt"):
+        summary = train(recipe, run, progress=False, resume="auto")
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("stallfree").experiment_id])
+    assert found.info.status == "FINISHED"
+    losses = client.get_metric_history(found.info.run_id, "loss")
+    assert sorted(m.step for m in losses) == list(range(1, 15))
+    jsonl = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {m.step: m.value for m in losses} == {r["step"]: r["loss"] for r in jsonl if "loss" in r}
+    history = client.get_metric_history(found.info.run_id, "val_top1")
+    assert [m.step for m in history] == [7, 14]
+    assert history[-1].value == pytest.approx(summary["val_top1"])
 
 
 def test_a_missing_tracker_is_named_before_anything_is_written(

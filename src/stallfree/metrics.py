@@ -139,9 +139,14 @@ def _numbers(record: dict[str, Any]) -> dict[str, float]:
 
 class MlflowSink:
     """Metrics to MLflow: the server or store MLFLOW_TRACKING_URI names, else a local file
-    store in RUN/mlruns (no server; `mlflow ui --backend-store-uri RUN/mlruns` shows it)."""
+    store in RUN/mlruns (no server; `mlflow ui --backend-store-uri RUN/mlruns` shows it).
 
-    def __init__(self, run_dir: Path, params: dict[str, Any]) -> None:
+    One MLflow run per run directory: its id is kept in RUN/mlflow_run.json, and a resumed or
+    requeued run continues it. Steps it already holds (logged after the checkpoint the resume
+    went back to) are not logged twice.
+    """
+
+    def __init__(self, run_dir: Path, params: dict[str, Any], resumed: bool = False) -> None:
         # MLflow 3 keeps the file store only on request; it is the serverless choice here.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.entities import Param
@@ -149,20 +154,48 @@ class MlflowSink:
 
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
         self.client = MlflowClient(tracking_uri=uri)
+        self.logged: dict[str, int] = {}  # per metric, the last step the run already holds
+        found = self._continue(run_dir / MLFLOW_RUN_FILE, uri) if resumed else None
+        if found is not None:
+            self.run_id = found
+            return
         experiment = self.client.get_experiment_by_name("stallfree")
         experiment_id = experiment.experiment_id if experiment is not None else \
             self.client.create_experiment("stallfree")
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+        write_json_atomic(run_dir / MLFLOW_RUN_FILE, {"run_id": self.run_id, "tracking_uri": uri})
         items = [Param(k, str(v)[:500]) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def _continue(self, path: Path, uri: str) -> str | None:
+        """The run id this run directory started, back to RUNNING; None when there is none
+        here or the store no longer has it (said, and a new MLflow run is opened)."""
+        from mlflow.exceptions import MlflowException
+
+        if not path.is_file():
+            return None
+        kept = json.loads(path.read_text())
+        try:
+            run = self.client.get_run(kept["run_id"])
+        except MlflowException as exc:
+            LOGGER.warning(f"MLflow run {kept['run_id']} ({path}) is not in {uri} ({exc}); "
+                           "this resume opens a new MLflow run")
+            return None
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        for key in run.data.metrics:
+            history = self.client.get_metric_history(run.info.run_id, key)
+            self.logged[key] = max((m.step for m in history), default=-1)
+        return run.info.run_id
 
     def write(self, record: dict[str, Any]) -> None:
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), int(record.get("step", 0))
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step)
-                                                    for k, v in _numbers(record).items()])
+        metrics = [Metric(k, v, now, step) for k, v in _numbers(record).items()
+                   if step > self.logged.get(k, -1)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -170,9 +203,10 @@ class MlflowSink:
 
 class WandbSink:
     """Metrics to Weights & Biases, offline by default (RUN/wandb; `wandb sync` uploads it);
-    WANDB_MODE=online and WANDB_PROJECT as W&B reads them."""
+    WANDB_MODE=online and WANDB_PROJECT as W&B reads them. A resumed run opens a new W&B run
+    (`resumed` is not used yet: unlike MLflow's, W&B's continuation is not tested here)."""
 
-    def __init__(self, run_dir: Path, params: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, params: dict[str, Any], resumed: bool = False) -> None:
         import wandb
 
         self.run = wandb.init(dir=str(run_dir), name=run_dir.name, config=params,
@@ -187,6 +221,7 @@ class WandbSink:
 
 
 TRACKERS = {"mlflow": (MlflowSink, "mlflow-skinny"), "wandb": (WandbSink, "wandb")}
+MLFLOW_RUN_FILE = "mlflow_run.json"  # in the run directory: the MLflow run a resume continues
 
 
 def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...] = (),
@@ -203,8 +238,11 @@ def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...
             LOGGER.warning(f"TensorBoard: no {run_dir / 'tb'} for this run ({type(exc).__name__}: "
                            f"{exc}); install it with pip install -e '.[tb]' (make installs it); "
                            "metrics.jsonl has every record")
+    # A resume has kept metrics records (RunDir.start cut them back to its checkpoint's): the
+    # trackers continue their runs. A start from scratch opens new ones.
+    resumed = sinks[0].records > 0
     for name in trackers:
-        sinks.append(TRACKERS[name][0](run_dir, params or {}))
+        sinks.append(TRACKERS[name][0](run_dir, params or {}, resumed=resumed))
     return sinks
 
 
