@@ -160,3 +160,33 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
         again = build_loader(recipe, "train", device=torch.device("cpu"))
     assert len(again) == 5
     again.close()
+
+
+def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 24 (13): `data pack` killed (SIGKILL) after its first split leaves its staging
+    folder beside OUT; `data check OUT` names it, and the next `data pack` removes it."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "data"
+    for split, n in (("train", 4), ("val", 2)):
+        (root / split / "a").mkdir(parents=True)
+        for k in range(n):
+            (root / split / "a" / f"{k}.jpg").write_bytes(_jpeg())
+    out = tmp_path / "shards"
+    script = ("import os, signal\nimport stallfree.data.pack as p\nwrite = p.pack_split\n"
+              "def killed(*args, **kwargs):\n    write(*args, **kwargs)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "p.pack_split = killed\n"
+              f"p.pack_dataset({str(root)!r}, {str(out)!r}, shard_bytes=1 << 20, progress=False)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == -9
+    left = list(tmp_path.glob(".shards.packing-*"))
+    assert len(left) == 1 and not out.exists()
+    assert main(["data", "check", str(out), "--workers", "1", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert left[0].name in err and "data pack" in err and "\n" not in err.strip()
+    with pytest.warns(UserWarning, match=r"removed .*\.shards\.packing-.*interrupted"):
+        assert main(["data", "pack", str(root), str(out), "--no-progress"]) == 0
+    assert not list(tmp_path.glob(".shards.packing-*")) and (out / "manifest.json").is_file()

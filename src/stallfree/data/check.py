@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,7 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
     of tar shards, check them whole: see `check_shards`)."""
     root = Path(root)
+    _name_interrupted_pack(root)
     if (root / "manifest.json").is_file() or is_shard_folder(root):
         return check_shards(root, workers=cpu_cores() if workers < 1 else workers,
                             max_pixels=max_pixels, progress=progress)
@@ -118,6 +120,19 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
     for path, _ in report.bad:
         report.per_class_bad[_class_of(path, root)] += 1
     return report
+
+
+def _name_interrupted_pack(root: Path) -> None:
+    """A `data pack` into ROOT killed midway left its staging folder beside it: say so."""
+    from stallfree.data.pack import staging_leftovers
+
+    left = staging_leftovers(root)
+    if left and not root.exists():
+        raise DatasetError(f"{root} does not exist: a `data pack` into it was interrupted and "
+                           f"left {left[0][0]}; run the pack again (it removes that folder)")
+    for folder, _ in left:
+        warnings.warn(f"{folder}: left by a `data pack` into {root} that did not finish; "
+                      "remove it", stacklevel=3)
 
 
 def summary(report: CheckReport) -> str:

@@ -9,13 +9,16 @@ counts, sizes and SHA-256, and the format version.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +144,46 @@ def _staging(out: Path) -> Path:
     parent = out.resolve().parent
     if not parent.is_dir():
         raise PackError(f"{parent} does not exist; create it first")
+    for folder, owner in staging_leftovers(out):
+        if owner is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            warnings.warn(f"removed {folder}: a `data pack` into {out} was interrupted there",
+                          stacklevel=3)
+        else:
+            warnings.warn(f"{folder}: {owner} may still be packing into {out}; if not, remove "
+                          "it", stacklevel=3)
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.packing-", dir=parent))
+        # Named with its host and process, so the next pack can tell a dead one's leftovers.
+        prefix = f".{out.name}.packing-{os.getpid()}@{socket.gethostname()}-"
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     except OSError as exc:
         raise PackError(f"cannot write in {parent} ({exc.strerror or exc}); "
                         "choose another output folder") from exc
+
+
+def staging_leftovers(out: Path) -> list[tuple[Path, str | None]]:
+    """Staging folders of earlier packs into OUT (beside it), each with who may still be
+    writing it ("process N on HOST"), or None when that process is gone (a killed pack)."""
+    found = []
+    for folder in sorted(out.absolute().parent.glob(f".{glob.escape(out.name)}.packing-*")):
+        pid, _, host = folder.name.rpartition(".packing-")[2].rpartition("-")[0].partition("@")
+        if not (pid.isdigit() and host):  # an older pack's: no owner to ask
+            found.append((folder, None))
+        elif host != socket.gethostname():
+            found.append((folder, f"process {pid} on {host}"))
+        else:
+            found.append((folder, f"process {pid}" if _alive(int(pid)) else None))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by another user
+    return True
 
 
 class PackError(StallfreeError, ValueError):
