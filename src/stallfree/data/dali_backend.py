@@ -33,6 +33,7 @@ from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError, some_of
+from stallfree.log import NATIVE_STDERR
 from stallfree.data.startup import cached_bad_files
 from stallfree.parallel import cpu_workers
 
@@ -195,10 +196,14 @@ class DaliLoader(ShardedLoader):
         # Files fed per batch of the plan, in order, until the batch is taken: 0 marks a batch
         # whose every file was skipped, which DALI (no empty batches) never sees.
         self._fed: deque[int] = deque()
+        self._routing = False  # fd 2 routed (NATIVE_STDERR) until close()
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
         spec = self.spec
+        if not self._routing:  # libpng's bare warnings from DALI's threads: through the log
+            NATIVE_STDERR.acquire()
+            self._routing = True
         pipe = image_pipeline(
             source=self._feed, spec=spec, decode_device=self.decode_device,
             augment_on_gpu=self.augment_on_gpu, raw_uint8=self.prefetcher is not None,
@@ -387,6 +392,9 @@ class DaliLoader(ShardedLoader):
 
     def close(self) -> None:
         self._close_iterator()
+        if self._routing:
+            NATIVE_STDERR.release()
+            self._routing = False
 
 
 def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
