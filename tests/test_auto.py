@@ -15,6 +15,7 @@ import stallfree.data.autotune as autotune
 from helpers import small_recipe
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
+from stallfree.recipe import load_recipe
 from stallfree.train.build import prepare_recipe
 from stallfree.train.run import train
 
@@ -80,14 +81,26 @@ def test_auto_counts_are_measured_and_kept(image_root: Path, backend: str,
     val.close()
 
 
-def test_a_run_with_auto_workers_writes_its_figures(image_root: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
+        image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(autotune, "_chosen", {})
-    recipe = small_recipe(image_root, loader={"torch": {"workers": "auto"}})
+    recipe = small_recipe(image_root, train={"batch_size": 16, "ckpt_every_steps": 1},
+                          loader={"torch": {"workers": "auto"}})
     train(recipe, tmp_path / "run", progress=False)
     figures = json.loads((tmp_path / "run" / "autotune.json").read_text())
     assert figures["key"] == "loader.torch.workers" and figures["chosen"] in (1, 2, 3)
-    assert 'workers = "auto"' in (tmp_path / "run" / "recipe.toml").read_text()
+    # The run's recipe says what ran, and beside it what was asked for; it loads as a recipe.
+    written = load_recipe(tmp_path / "run" / "recipe.toml").loader.torch
+    assert (written.workers, written.workers_requested) == (figures["chosen"], "auto")
+    # A resume of the same "auto" recipe (here: from the first step's checkpoint, into a new
+    # directory) takes the count from the checkpoint: no second measurement.
+    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured on resume"))
+    first = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"),
+                   key=lambda p: int(p.stem.split("-")[1]))[0]
+    train(recipe, tmp_path / "resumed", progress=False, resume=str(first))
+    again = load_recipe(tmp_path / "resumed" / "recipe.toml").loader.torch
+    assert (again.workers, again.workers_requested) == (figures["chosen"], "auto")
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])

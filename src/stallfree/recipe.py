@@ -159,6 +159,9 @@ class TorchLoaderConfig:
 
     # -1: this rank's share of the cores; "auto": the fastest count near it, measured at start
     workers: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
+    # "auto": `workers` holds the count that "auto" chose (a run's recipe.toml and checkpoints
+    # say so, and a resume reuses the count instead of measuring again).
+    workers_requested: Literal["", "auto"] = ""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -167,6 +170,7 @@ class DaliLoaderConfig:
 
     # -1 or 0: this rank's share; "auto": the fastest count near it, measured at start
     threads: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
+    threads_requested: Literal["", "auto"] = ""  # as loader.torch.workers_requested
     device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
     decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
     hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder

@@ -9,6 +9,10 @@ The figures go into the run directory (autotune.json) and the log.
 Candidates start after their first batch (worker or pipeline start-up is paid once per run,
 not per batch). Measuring costs a few seconds; the choice is kept for this process, so the val
 loader, a bench repeat or an evaluation reuse it.
+
+A training run writes the chosen count into its recipe (recipe.toml and every checkpoint),
+with "auto" beside it as the request (`workers_requested = "auto"`, `record`): what ran is on
+record, and a resume takes the count from its checkpoint (`chosen_before`), not measuring again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from stallfree.parallel import cpu_workers
 
 if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
     from stallfree.data.loader import Loader, LoaderSpec
+    from stallfree.recipe import LoaderConfig
 
 IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
 _chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
@@ -35,6 +40,50 @@ def _knob(backend: str) -> tuple[str, str] | None:
     """(table, key) of the count `backend` tunes, as its registry entry declares, or None."""
     entry = BACKENDS.get(backend)
     return (entry.table, entry.tuned) if entry is not None and entry.tuned else None
+
+
+def tuned_key(backend: str) -> str:
+    """The dotted recipe key "auto" tunes for `backend`, e.g. loader.torch.workers ("" if none)."""
+    knob = _knob(backend)
+    return f"loader.{knob[0]}.{knob[1]}" if knob else ""
+
+
+def asks_auto(loader: LoaderConfig, backend: str) -> bool:
+    """Whether `backend`'s tuned count is "auto" in this loader table."""
+    knob = _knob(backend)
+    return knob is not None and getattr(getattr(loader, knob[0]), knob[1]) == "auto"
+
+
+def chosen_before(previous: dict[str, Any] | None, backend: str) -> int | None:
+    """The count "auto" chose at this run's start, from a checkpoint's recipe (a dict); None
+    when that recipe holds none (another backend, no "auto", or written before this record)."""
+    knob = _knob(backend)
+    if previous is None or knob is None or previous["loader"].get("backend") != backend:
+        return None
+    table = previous["loader"].get(knob[0], {})
+    count = table.get(knob[1])
+    chosen = table.get(f"{knob[1]}_requested") == "auto" and isinstance(count, int)
+    return count if chosen and not isinstance(count, bool) else None
+
+
+def record(loader: LoaderConfig, backend: str, count: int) -> None:
+    """Put the chosen `count` in the tuned key, and "auto" beside it as the request."""
+    knob = _knob(backend)
+    if knob is None:
+        raise ValueError(f"backend {backend!r} has no count that \"auto\" tunes")
+    table = getattr(loader, knob[0])
+    setattr(table, knob[1], count)
+    setattr(table, f"{knob[1]}_requested", "auto")
+
+
+def tuned_count(spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
+                ) -> tuple[int, dict[str, Any] | None]:
+    """The count "auto" takes for `spec` (measured once per process), and the figures."""
+    knob = _knob(backend)
+    if knob is None:
+        raise ValueError(f"backend {backend!r} has no count that \"auto\" tunes")
+    tuned, figures = autotuned(spec, backend, build)
+    return getattr(getattr(tuned.loader, knob[0]), knob[1]), figures
 
 
 def _with_count(spec: LoaderSpec, backend: str, knob: tuple[str, str], count: int) -> LoaderSpec:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from stallfree.data.autotune import autotuned
+from stallfree.data.autotune import autotuned, tuned_count
 from stallfree.data.dataset import Dataset, class_count, resolve_dataset
 from stallfree.data.imageio import BadImageError
 from stallfree.data.listing import Listing
@@ -199,18 +199,7 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
     dist = dist or DistInfo()
     if dataset is None and recipe.data.root:
         dataset = resolve_dataset(recipe.data)
-    if dataset is None and backend != "synthetic":
-        raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
-    spec = LoaderSpec(
-        split=split, listing=dataset.splits[split] if dataset else None,
-        num_classes=class_count(recipe, dataset),
-        augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
-        seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
-        channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
-        on_error=recipe.data.on_error,
-        synthetic_samples=recipe.data.synthetic_samples,
-        sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
-    )
+    spec = _spec(recipe, split, device, dist, dataset)
     if backend == AUTO:  # a library caller without prepare_recipe: resolved the same way
         from stallfree.data.auto import choose_backend
 
@@ -223,3 +212,31 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
     loader = build(spec)
     loader.autotune = tuning
     return loader
+
+
+def measure_auto_count(recipe: Recipe, *, device: torch.device, dist: DistInfo,
+                       dataset: Dataset | None) -> tuple[int, dict[str, Any] | None]:
+    """The count `workers`/`threads = "auto"` takes for this run (timed on the train split,
+    data/autotune.py), and the figures; the backend is resolved already."""
+    backend = recipe.loader.backend
+    spec = _spec(recipe, "train", device, dist, dataset)
+    spec.options = backend_options(recipe.loader, backend)
+    return tuned_count(spec, backend, resolve_backend(backend))
+
+
+def _spec(recipe: Recipe, split: str, device: torch.device, dist: DistInfo,
+          dataset: Dataset | None) -> LoaderSpec:
+    """What every backend is built from (options and tuning added by the caller)."""
+    backend = recipe.loader.backend
+    if dataset is None and backend != "synthetic":
+        raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
+    return LoaderSpec(
+        split=split, listing=dataset.splits[split] if dataset else None,
+        num_classes=class_count(recipe, dataset),
+        augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
+        seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
+        channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
+        on_error=recipe.data.on_error,
+        synthetic_samples=recipe.data.synthetic_samples,
+        sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
+    )

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from stallfree import __version__
+from stallfree.data import autotune
 from stallfree.data.auto import choose_backend
 from stallfree.data.dataset import Dataset, class_count, resolve_dataset
-from stallfree.data.loader import Loader, build_loader
+from stallfree.data.loader import Loader, build_loader, measure_auto_count
 from stallfree.data.registry import backend_options
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet
@@ -42,12 +43,31 @@ class RunContext:
     device: torch.device
     dist: DistInfo
     dataset: Dataset | None = None
+    autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
 
     def with_dataset(self) -> RunContext:
         """This context with the dataset listed (once; the slow part of a start)."""
         if self.dataset is not None or not self.recipe.data.root:
             return self
         return dataclasses.replace(self, dataset=resolve_dataset(self.recipe.data))
+
+    def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
+        """This context with a `workers`/`threads = "auto"` decided: the count the run chose at
+        its start when `previous` (its checkpoint's recipe) holds one, else measured now. The
+        recipe keeps the count, "auto" beside it as the request, so recipe.toml says what ran."""
+        backend = self.recipe.loader.backend
+        if not autotune.asks_auto(self.recipe.loader, backend):
+            return self
+        count, figures = autotune.chosen_before(previous, backend), None
+        if count is None:
+            count, figures = measure_auto_count(self.recipe, device=self.device, dist=self.dist,
+                                                dataset=self.dataset)
+        elif self.dist.rank == 0:
+            LOGGER.info(f"{autotune.tuned_key(backend)} = auto: {count}, as this run chose at "
+                        "its start (not measured again)")
+        recipe = self.recipe.copy()
+        autotune.record(recipe.loader, backend, count)
+        return dataclasses.replace(self, recipe=recipe, autotune=figures)
 
     @property
     def num_classes(self) -> int:

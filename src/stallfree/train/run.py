@@ -84,7 +84,9 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             LOGGER.info(f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
                         f"{recipe.train.epochs}); nothing to do")
             return run.finished_summary()
-    ctx = ctx.with_dataset()
+    # "auto" worker/thread counts: a resume reuses what its checkpoint's recipe records.
+    ctx = ctx.with_dataset().with_loader_counts(found[0]["recipe"] if found else None)
+    recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     loaders: dict[str, Loader] = {}
@@ -104,8 +106,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         if dist.rank == 0:
             run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
             sinks.open(run.path, tuple(recipe.train.trackers), _flat(recipe.to_dict()))
-            if loaders["train"].autotune:  # what workers/threads = "auto" measured and chose
-                write_json_atomic(run.path / "autotune.json", loaders["train"].autotune)
+            if ctx.autotune:  # what workers/threads = "auto" measured and chose
+                write_json_atomic(run.path / "autotune.json", ctx.autotune)
         _announce(ctx, found, start_epoch, trainer)
         summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps)
         all_ranks_here = True
