@@ -103,3 +103,34 @@ class Collect:
 
     def close(self) -> None:
         pass
+
+
+def jpeg_with_segments(path: Path, segments: list[tuple[int, bytes]],
+                       size: tuple[int, int] = (64, 48)) -> Path:
+    """A JPEG of a horizontal ramp with the given (marker, payload) header segments right after
+    SOI, in order (e.g. two EXIF APP1 blocks, or an EXIF block inside a comment)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.broadcast_to((np.arange(size[0]) * 255 // max(1, size[0] - 1)).astype(np.uint8),
+                           (size[1], size[0]))
+    encoded = io.BytesIO()
+    Image.fromarray(np.stack([ramp, ramp[::-1], ramp // 2], -1)).save(encoded, "JPEG", quality=95)
+    data = encoded.getvalue()
+    head = b"".join(bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
+                    for marker, body in segments)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data[:2] + head + data[2:])
+    return path
+
+
+def exif_block(orientation: int) -> bytes:
+    """An APP1 EXIF payload ("Exif\\0\\0" + TIFF header) holding only `orientation`."""
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    raw = exif.tobytes()
+    return raw if raw.startswith(b"Exif\x00\x00") else b"Exif\x00\x00" + raw

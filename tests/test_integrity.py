@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import small_recipe
+from helpers import exif_block, jpeg_with_segments, small_recipe
 from stallfree.cli import main
 from stallfree.data.dataset import resolve_dataset
 from stallfree.data.imageio import BadImageError
@@ -188,3 +188,90 @@ def test_corrupt_entropy_data_data_check_is_the_arbiter(tmp_path: Path,
     assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
                  "--write-list", str(clean)]) == 1
     assert "2.jpg" in capsys.readouterr().out and "train/a/2.jpg" not in clean.read_text()
+
+
+# Issue 24 (1, 2): files DALI's decoder cannot take (a native crash, or a stop naming no file)
+# that PIL decodes. The header check refuses them, so both loaders and `data check` agree.
+PILLOW_DATA = Path(__file__).parent / "data" / "pillow"
+
+
+def _dali_breaker(kind: str, path: Path) -> Path:
+    if kind == "two_exif_jpeg":  # DALI reads both blocks: signal 11 / "corrupted double-linked list"
+        return jpeg_with_segments(path.with_suffix(".jpg"), [(0xE1, exif_block(6)),
+                                                             (0xE1, exif_block(3))])
+    target = path.with_suffix(".tif")  # a fuzzed G4 TIFF without RowsPerStrip: DALI stops
+    target.write_bytes((PILLOW_DATA / "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif")
+                       .read_bytes())
+    return target
+
+
+_BREAKERS = {"two_exif_jpeg": "EXIF", "tiff_without_rows_per_strip": "RowsPerStrip"}
+
+
+@pytest.mark.parametrize("kind", sorted(_BREAKERS))
+def test_files_dali_cannot_decode_are_refused_by_the_header_check(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.data.imageio import check_header
+
+    root = _root(tmp_path / "data")
+    victim = _dali_breaker(kind, root / "train" / "a" / "odd")
+    Image.open(victim).convert("RGB")  # PIL decodes it: only the rule keeps it out of torch
+    with pytest.raises(BadImageError, match=_BREAKERS[kind]) as caught:
+        check_header(str(victim))
+    assert str(victim) in str(caught.value)
+    clean = tmp_path / "clean.txt"
+    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
+                 "--write-list", str(clean)]) == 1
+    out = capsys.readouterr().out
+    assert victim.name in out and _BREAKERS[kind] in out and victim.name not in clean.read_text()
+
+
+_LOAD_BOTH_POLICIES = """
+import sys, warnings, torch
+from stallfree.recipe import load_recipe, recipe_from_dict
+from stallfree.data.loader import build_loader
+from stallfree.data.imageio import BadImageError
+for policy in ("raise", "skip"):
+    recipe = load_recipe(sys.argv[1] if policy == "raise" else sys.argv[2])
+    for split in ("train", "val"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                loader = build_loader(recipe, split, device=torch.device("cpu"))
+                samples = sum(len(batch.labels) for batch in loader)
+                loader.close()
+            except BadImageError as exc:
+                print(policy, split, "refused", exc, flush=True)
+                continue
+        said = " | ".join(str(w.message) for w in caught if "skip" in str(w.message))
+        print(policy, split, "samples", samples, said, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", sorted(_BREAKERS))
+def test_both_loaders_refuse_them_at_start_under_raise_and_skip(tmp_path: Path, kind: str,
+                                                                backend: str) -> None:
+    """In a subprocess: DALI's failure on these files was a native crash of the process."""
+    root = _root(tmp_path / "data")
+    victims = []
+    for split in ("train", "val"):
+        if kind != "two_exif_jpeg":  # the TIFF replaces 0.jpg: still 8 files a split
+            (root / split / "a" / "0.jpg").unlink()
+        victims.append(_dali_breaker(kind, root / split / "a" / "0").name)
+    recipes = []
+    for policy in ("raise", "skip"):
+        recipe = tmp_path / f"{policy}.toml"
+        recipe.write_text(dump_toml(small_recipe(root, data={"on_error": policy},
+                                                 loader={"backend": backend},
+                                                 train={"batch_size": 1})))
+        recipes.append(str(recipe))
+    done = subprocess.run([sys.executable, "-c", _LOAD_BOTH_POLICIES, *recipes],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4, done.stdout
+    for line in lines[:2]:  # raise: refused at start, the file and the reason named
+        assert " refused " in line and _BREAKERS[kind] in line and any(v in line for v in victims)
+    for line in lines[2:]:  # skip: left out with a warning naming it, the other 7 read
+        assert " samples 7 " in line and any(v in line for v in victims), line

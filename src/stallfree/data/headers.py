@@ -8,6 +8,9 @@ import os
 import struct
 from typing import BinaryIO
 
+# How an EXIF block (APP1 segment) starts, in a JPEG.
+EXIF_HEADER = b"Exif\x00\x00"
+
 # A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/tarshards.py).
 MEMBER = "::"
 
@@ -58,13 +61,17 @@ def png_is_animated(path: str) -> bool:
 def jpeg_marker_problem(path: str) -> str:
     """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
     which PIL skips over. "" when every segment starts where the previous one ended."""
-    return jpeg_header_walk(read_bytes(path, 1 << 16))[0]  # headers sit in the first 64 KiB
+    head = read_bytes(path, 1 << 16)  # headers mostly sit in the first 64 KiB
+    problem, end = jpeg_header_walk(head)
+    if not problem and end >= len(head) == 1 << 16:  # longer ones: big ICC, XMP or EXIF blocks
+        problem, _ = jpeg_header_walk(read_bytes(path))
+    return problem
 
 
 def jpeg_header_walk(data: bytes) -> tuple[str, int]:
     """(problem, end): `jpeg_marker_problem` on a JPEG's first bytes, and where its header
     segments end (the start of the scan, or len(data))."""
-    pos = 2  # after SOI
+    pos, exif_blocks = 2, 0  # after SOI
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
             return ("junk bytes between JPEG header segments: DALI cannot parse it; "
@@ -77,6 +84,13 @@ def jpeg_header_walk(data: bytes) -> tuple[str, int]:
             return "a broken JPEG header segment: DALI cannot parse it; re-save the image", pos
         if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
             return "", pos
+        if marker == 0xE1 and data[pos + 4:pos + 10] == EXIF_HEADER:
+            exif_blocks += 1
+            if exif_blocks == 2:
+                # DALI's decoder reads every EXIF block (a process crash on some, rotations
+                # mixed from both on others); PIL reads the first. Measured on DALI 2.4.
+                return ("two EXIF blocks (APP1): DALI's decoder crashes on such files and PIL "
+                        "reads only the first; re-save the image with one", pos)
         pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return "", len(data)
 

@@ -61,6 +61,8 @@ _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _ORIENTATION_TAG = 0x0112
 _EXIF_FORMATS = frozenset({"JPEG", "TIFF", "PNG", "WEBP", "MPO"})
 _TIFF_BITS_PER_SAMPLE = 258
+_TIFF_ROWS_PER_STRIP = 278
+_TIFF_TILE_WIDTH = 322
 # What PIL raises on broken data: OSError, bad headers (SyntaxError, ValueError), short reads
 # (EOFError, struct.error), out-of-range tables (IndexError) and, on fuzzed files, TypeError,
 # KeyError, ZeroDivisionError, MemoryError... Any exception while parsing an untrusted file
@@ -270,6 +272,11 @@ def _tiff_problem(img: Image.Image) -> str:
     """TIFF variants that PIL reads and DALI's decoders (libtiff, then OpenCV) do not (measured
     on Pillow's own test images); "" for the plain 8-bit kinds both read alike."""
     tags = img.tag_v2
+    if _TIFF_ROWS_PER_STRIP not in tags and _TIFF_TILE_WIDTH not in tags:
+        # Required in a striped TIFF; libtiff assumes one strip, DALI's fallback decoder
+        # (OpenCV) returns a wrong shape and its cropping decoder stops (Pillow's crash-74d2).
+        return ("TIFF without a RowsPerStrip tag: DALI's decoder misreads it or stops; "
+                "re-save the image")
     compression = img.info.get("compression")
     if compression in _TIFF_UNSHARED:
         return (f"TIFF with {compression} compression: DALI cannot decode it; "
