@@ -4,8 +4,11 @@ file, a requeue loop that cannot spin, and warnings that are not lost."""
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -170,3 +173,70 @@ def test_a_stop_signal_during_start_up_is_kept_for_the_first_step() -> None:
         with StopSignal() as inner:  # the training loop's own handler
             assert inner.requested == "SIGUSR1"
     assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+def _truncated_jpeg() -> bytes:
+    """A JPEG cut short: its header passes the start-up check, its decode fails."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()[:1500]
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and its descendants (torchrun starts its workers in their own sessions,
+    so a process group does not reach them)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children[int(fields[1])].append(int(stat.parent.name))
+    todo, found = [pid], []
+    while todo:
+        found.append(todo.pop())
+        todo += children[found[-1]]
+    for victim in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: Path,
+                                                                     tmp_path: Path) -> None:
+    """Rank 0's first micro-batch is all bad files, rank 1's is clean, a record every step:
+    both ranks must run the same collectives (the skipped-count sum) whatever their data."""
+    from stallfree.data.dataset import resolve_dataset
+    from stallfree.data.sharding import ShardPlan, epoch_permutation
+
+    root = _copy_root(image_root, tmp_path / "data")
+    recipe = small_recipe(root, data={"on_error": "skip"},
+                          train={"batch_size": 4, "log_every": 1, "epochs": 1})
+    listing = resolve_dataset(recipe.data).splits["train"]
+    order, _ = epoch_permutation(len(listing), seed=recipe.train.seed, epoch=0, shuffle=True)
+    first = next(iter(ShardPlan(len(listing), 4, rank=0, world_size=2).batches(order, 0)))
+    for path in listing.paths(first.tolist()):
+        Path(path).unlink()  # a hard link to the shared data: replace it, do not write through
+        Path(path).write_bytes(_truncated_jpeg())
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(recipe))
+    run = tmp_path / "run"
+    log = tmp_path / "log"
+    with log.open("w") as out:  # a file, not a pipe: a stuck rank would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                                 "2", "--standalone", "-m", "stallfree", "train", str(path),
+                                 "--out", str(run), "--no-progress"], stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        proc.wait(timeout=90)  # a clean run takes well under a minute on 2 busy cores
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)  # torchrun and both ranks (each in its own session)
+        pytest.fail("the ranks hung: " + log.read_text()[-2000:])
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4

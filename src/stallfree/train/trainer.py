@@ -287,15 +287,19 @@ class Trainer:
         return False
 
     def _log(self, timer: StepTimer, bar: tqdm, hooks: TrainerHooks) -> None:
-        if self._window.samples == 0:
-            return
+        # Every rank logs at the same steps, and the extras may be collectives (the skipped-count
+        # all-reduce): they run on every rank before anything that depends on this rank's data.
+        extras: dict[str, Any] = {}
+        for extra in hooks.record_extras:
+            extras.update(extra())
+        if self._window.samples == 0:  # every image since the last record was bad: no loss
+            return  # the interval (time, images) carries on into the next record
         wall, wait = timer.lap()
         record = self._window.record(step=self.optimizer_steps, epoch=self.epoch, lr=self._step_lr,
                                      wall=wall, wait=wait, world_size=self.dist.world_size,
                                      skipped_steps=self.skipped_steps)
         self.totals.add(record, wait)
-        for extra in hooks.record_extras:
-            record.update(extra())
+        record.update(extras)
         self._emit(record)
         skipped = {"skipped": record["skipped_samples"]} if "skipped_samples" in record else {}
         bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}",
