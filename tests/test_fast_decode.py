@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 import stallfree.data.decode as decode
+from helpers import exif_block, jpeg_with_segments
 from stallfree.data.augment import train_transform, val_transform
 from stallfree.data.imageio import BadImageError
 from stallfree.recipe import AugmentConfig
@@ -135,3 +136,29 @@ def test_the_pixel_limit_holds_on_the_fast_path(tmp_path: Path) -> None:
     path = _jpeg(tmp_path, "limit", _photo())
     with pytest.raises(BadImageError, match="max_pixels"):
         train_transform(str(path), AUG, 0, max_pixels=320 * 240 - 1)
+
+
+def _exif_in_comment(tmp_path: Path) -> Path:
+    """Issue 24 (3): an upright EXIF block inside a comment (COM), then the real one (APP1)
+    saying orientation 6. PIL and DALI read the APP1 block only."""
+    return jpeg_with_segments(tmp_path / "com_exif.jpg",
+                              [(0xFE, exif_block(1)), (0xE1, exif_block(6))], size=(96, 72))
+
+
+def test_exif_orientation_is_read_from_app1_only(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _exif_in_comment(tmp_path)
+    opened = decode.open_image(str(path), 10**9)
+    assert (opened.width, opened.height) == (72, 96)  # rotated, as PIL sees it
+    fast, slow = _both(val_transform, path, AUG, monkeypatch=monkeypatch)
+    assert np.abs(fast - slow).mean() <= 2, np.abs(fast - slow).mean()
+
+
+@pytest.mark.dali
+def test_exif_orientation_from_app1_matches_dali(tmp_path: Path) -> None:
+    from test_decode import _dali
+
+    path = _exif_in_comment(tmp_path)
+    (dali,) = _dali([path], AUG)
+    fast = val_transform(str(path), AUG).astype(int)
+    assert np.abs(fast - dali.astype(int)).mean() <= 2, np.abs(fast - dali.astype(int)).mean()

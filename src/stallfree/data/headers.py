@@ -98,10 +98,9 @@ def jpeg_header_walk(data: bytes) -> tuple[str, int]:
 def jpeg_exif_orientation(header: bytes) -> int | None:
     """The EXIF orientation (1-8) in a JPEG's header segments, 1 when there is no EXIF, None
     when an EXIF block is there but cannot be read (the caller then asks PIL)."""
-    pos = header.find(b"Exif\x00\x00")
-    if pos < 0:
+    tiff = jpeg_exif_block(header)
+    if tiff is None:
         return 1
-    tiff = header[pos + 6:]
     order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
     if order is None or len(tiff) < 8:
         return None
@@ -115,6 +114,24 @@ def jpeg_exif_orientation(header: bytes) -> int | None:
     except struct.error:
         return None  # a truncated or broken block
     return 1
+
+
+def jpeg_exif_block(header: bytes) -> bytes | None:
+    """The first EXIF block of a JPEG's header segments (the TIFF data after "Exif\\0\\0"),
+    from APP1 segments only, as PIL and DALI read it: "Exif" in a comment is not one."""
+    pos = 2  # after SOI
+    while pos + 4 <= len(header) and header[pos] == 0xFF:
+        marker = header[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9):  # the scan: no more header segments
+            break
+        end = pos + 2 + int.from_bytes(header[pos + 2:pos + 4], "big")
+        if marker == 0xE1 and header[pos + 4:pos + 10] == EXIF_HEADER:
+            return header[pos + 10:end]
+        pos = end
+    return None
 
 
 def webp_is_lossless(path: str) -> bool:
