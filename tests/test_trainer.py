@@ -327,3 +327,38 @@ def test_the_ddp_probe_takes_the_smallest_size_that_fits_everywhere() -> None:
 
     assert probe_micro_batch(step, 32, lambda n: min(n, 2)) == 2  # another rank fits only 2
     assert tried == [32, 16, 8, 4]
+
+
+class _OomAfterNorm(nn.Module):
+    """Out of memory on more than `limit` images from the second call on, raised after the
+    BatchNorm before it has run (and updated its statistics), as a real OOM mid-forward does."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.calls = limit, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if x.shape[0] > self.limit and self.calls > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return x
+
+
+def _bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), _OomAfterNorm(limit=8), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+
+def test_an_oom_retry_leaves_no_trace_in_batchnorm() -> None:
+    """OOM on a window's second micro-batch: the retried window equals a run that used the
+    backed-off chunks from the start, buffers (running stats, batches tracked) included."""
+    images, labels = _data(64)
+    reference, model = _bn_net(), _bn_net()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    Trainer(reference, optimizer, config=TrainerConfig(accum_steps=2, progress=False),
+            device=CPU, micro=MicroBatcher(size=8)).train_epoch(TensorLoader(images, labels, 16), 0)
+    with pytest.warns(UserWarning, match="chunks of 8"):
+        _train(model, TensorLoader(images, labels, 16), accum=2, auto_micro_batch=True)
+    for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(mine, theirs), name

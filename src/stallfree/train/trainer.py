@@ -32,8 +32,6 @@ from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
 
 
-
-
 class NonFiniteLossError(StallfreeError, RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
@@ -156,11 +154,11 @@ class Trainer:
         the end of a pass); True if the step happened (False: a non-finite gradient, skipped).
 
         `first_index` is the window's first micro-batch in the epoch (it seeds the mixing).
-        Out of memory under train.micro_batch = "auto" (one process): the window's gradients
-        and logged sums are dropped and the same list runs again in smaller chunks, so no
-        sample is lost or counted twice.
+        Out of memory under train.micro_batch = "auto" (one process): the window's gradients,
+        logged sums and buffers are dropped and the same list runs again in smaller chunks, so
+        no sample is lost or counted twice, in the weights or in BatchNorm's statistics.
         """
-        mark = (self._window.loss_sum.clone(), self._window.samples) if self.micro.auto else None
+        mark = self._mark() if self.micro.auto else None
         while True:
             try:
                 for k, batch in enumerate(window):
@@ -176,9 +174,23 @@ class Trainer:
                         "global batch; --resume auto continues from the last checkpoint."
                     ) from exc
                 self.optimizer.zero_grad(set_to_none=True)
-                self._window.loss_sum, self._window.samples = mark[0].clone(), mark[1]
+                self._rewind(mark)
                 self.micro.back_off(n)
         return self._optimizer_step()
+
+    def _mark(self) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+        """What a window's forwards change besides gradients: the logged sums and every buffer
+        (BatchNorm's running stats and batch count). Buffers only, so the copy is small."""
+        with torch.no_grad():
+            buffers = [buffer.clone() for buffer in self.model.buffers()]
+        return self._window.loss_sum.clone(), self._window.samples, buffers
+
+    def _rewind(self, mark: tuple[torch.Tensor, int, list[torch.Tensor]]) -> None:
+        """Undo an aborted window's forwards (see `_mark`), so its retry counts them once."""
+        self._window.loss_sum, self._window.samples = mark[0].clone(), mark[1]
+        with torch.no_grad():
+            for buffer, saved in zip(self.model.buffers(), mark[2]):
+                buffer.copy_(saved)
 
     def _optimizer_step(self) -> bool:
         """Unscale, clip, step (unless non-finite), zero, advance the schedule; True if stepped."""
