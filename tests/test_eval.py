@@ -63,3 +63,20 @@ def test_sync_bn_converts_under_ddp_and_refuses_the_cpu() -> None:
         sync_batchnorm(model, recipe, two, torch.device("cpu"))
     synced = sync_batchnorm(model, recipe, two, torch.device("cuda", 0))  # converts, on any host
     assert any(isinstance(m, nn.SyncBatchNorm) for m in synced.modules())
+
+
+def test_eval_json_carries_the_val_loss_training_logged(image_root: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.cli import main
+
+    recipe = small_recipe(image_root, train={"batch_size": 16})
+    train(recipe, tmp_path / "run", progress=False)
+    path = tmp_path / "r.toml"
+    path.write_text(dump_toml(recipe))
+    capsys.readouterr()
+    assert main(["eval", str(path), "--checkpoint", str(tmp_path / "run"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    logged = [r for r in records if "val_loss" in r][-1]  # the same weights, after the last epoch
+    assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
+    assert result["val_top1"] == logged["val_top1"]

@@ -281,7 +281,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(json.dumps(result))
         else:
             print(f"{args.checkpoint}: top-1 {result['val_top1']:.4f}, top-5 "
-                  f"{result['val_top5']:.4f} on {result['samples']} val images")
+                  f"{result['val_top5']:.4f}, loss {result['val_loss']:.4f} on "
+                  f"{result['samples']} val images")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`stallfree eval`: a checkpoint's top-1 and top-5 on the val split, on one process or many.
+"""`stallfree eval`: a checkpoint's top-1, top-5 and loss on the val split, on one process or many.
 
 Every val sample is read exactly once across ranks (see `ShardPlan`), so the figures and the
 sample count are the same on 1 and on N ranks.
@@ -22,7 +22,8 @@ from stallfree.train.build import prepare
 
 
 def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:
-    """Load the checkpoint's weights into the recipe's model and evaluate the val split."""
+    """Load the checkpoint's weights into the recipe's model and evaluate the val split
+    (top-1, top-5, the mean cross-entropy without label smoothing, and the samples read)."""
     dist = DistInfo.from_env()
     ctx = prepare(recipe, dist)
     recipe, device = ctx.recipe, ctx.device
@@ -41,5 +42,5 @@ def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any
         loader.close()
     shutdown()
     return {"val_top1": result["val_top1"], "val_top5": result["val_top5"],
-            "samples": result["val_samples"], "checkpoint": str(checkpoint),
+            "val_loss": result["val_loss"], "samples": result["val_samples"], "checkpoint": str(checkpoint),
             "precision": recipe.train.precision, "world_size": dist.world_size}
