@@ -199,13 +199,19 @@ def _dali_breaker(kind: str, path: Path) -> Path:
     if kind == "two_exif_jpeg":  # DALI reads both blocks: signal 11 / "corrupted double-linked list"
         return jpeg_with_segments(path.with_suffix(".jpg"), [(0xE1, exif_block(6)),
                                                              (0xE1, exif_block(3))])
+    if kind == "truncated_jpeg2000":  # a codestream without its end: DALI segfaults
+        target = path.with_suffix(".jp2")
+        Image.effect_noise((64, 48), 40).convert("RGB").save(target, "JPEG2000")
+        target.write_bytes(target.read_bytes()[:-200])
+        return target
     target = path.with_suffix(".tif")  # a fuzzed G4 TIFF without RowsPerStrip: DALI stops
     target.write_bytes((PILLOW_DATA / "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif")
                        .read_bytes())
     return target
 
 
-_BREAKERS = {"two_exif_jpeg": "EXIF", "tiff_without_rows_per_strip": "RowsPerStrip"}
+_BREAKERS = {"two_exif_jpeg": "EXIF", "tiff_without_rows_per_strip": "RowsPerStrip",
+             "truncated_jpeg2000": "truncated JPEG 2000"}
 
 
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
@@ -215,7 +221,8 @@ def test_files_dali_cannot_decode_are_refused_by_the_header_check(
 
     root = _root(tmp_path / "data")
     victim = _dali_breaker(kind, root / "train" / "a" / "odd")
-    Image.open(victim).convert("RGB")  # PIL decodes it: only the rule keeps it out of torch
+    if kind != "truncated_jpeg2000":  # PIL decodes it: only the rule keeps it out of torch
+        Image.open(victim).convert("RGB")
     with pytest.raises(BadImageError, match=_BREAKERS[kind]) as caught:
         check_header(str(victim))
     assert str(victim) in str(caught.value)
@@ -256,7 +263,7 @@ def test_both_loaders_refuse_them_at_start_under_raise_and_skip(tmp_path: Path, 
     root = _root(tmp_path / "data")
     victims = []
     for split in ("train", "val"):
-        if kind != "two_exif_jpeg":  # the TIFF replaces 0.jpg: still 8 files a split
+        if kind != "two_exif_jpeg":  # the TIFF or JP2 replaces 0.jpg: 8 files a split
             (root / split / "a" / "0.jpg").unlink()
         victims.append(_dali_breaker(kind, root / split / "a" / "0").name)
     recipes = []

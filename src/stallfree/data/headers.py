@@ -134,6 +134,26 @@ def jpeg_exif_block(header: bytes) -> bytes | None:
     return None
 
 
+def jpeg2000_truncated(path: str) -> bool:
+    """Whether a JPEG 2000 codestream (raw, or a JP2 file's jp2c box) lacks its end marker."""
+    data = read_bytes(path)
+    pos = 0
+    if data[4:8] == b"jP  ":  # a JP2 file: boxes of (size, type); the codestream is in jp2c
+        while pos + 8 <= len(data):
+            size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+            head = 8
+            if size == 1 and pos + 16 <= len(data):  # a 64-bit size follows
+                size, head = struct.unpack(">Q", data[pos + 8:pos + 16])[0], 16
+            end = len(data) if size == 0 else pos + size
+            if kind == b"jp2c":
+                return not data[pos + head:end].endswith(b"\xff\xd9")
+            if size < head:
+                return True  # a broken box: no codestream can be found
+            pos = end
+        return True
+    return not data.endswith(b"\xff\xd9")
+
+
 def webp_is_lossless(path: str) -> bool:
     """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
     with io.BytesIO(read_bytes(path, 1 << 16)) as f:

@@ -28,8 +28,9 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from stallfree.data.headers import (MEMBER, jpeg_marker_problem, png_is_animated, read_bytes,
-                                    tiff_ifds_loop, webp_is_lossless)
+from stallfree.data.headers import (MEMBER, jpeg2000_truncated, jpeg_marker_problem,
+                                    png_is_animated, read_bytes, tiff_ifds_loop,
+                                    webp_is_lossless)
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 
@@ -261,10 +262,22 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
         return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
     if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path)):
         return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
-    if fmt == "JPEG2000" and mode not in ("L", "RGB"):
-        return f"JPEG 2000 in mode {mode}: DALI cannot decode it; save as 8-bit"
+    if fmt == "JPEG2000":
+        return _jpeg2000_problem(img, path)
     if fmt in ("JPEG", "MPO"):
         return jpeg_marker_problem(path)
+    return ""
+
+
+def _jpeg2000_problem(img: Image.Image, path: str) -> str:
+    """JPEG 2000 files that DALI cannot decode, or that crash its decoder (measured on Pillow's
+    test images: a truncated codestream is a segfault); "" for the 8-bit kinds both read."""
+    if img.mode not in ("L", "RGB"):
+        return f"JPEG 2000 in mode {img.mode}: DALI cannot decode it; save as 8-bit"
+    if img.get_format_mimetype() == "image/jpx":
+        return "JPX (extended JPEG 2000): DALI cannot decode it; re-save as JP2 or PNG"
+    if jpeg2000_truncated(path):
+        return "truncated JPEG 2000 (no end-of-codestream marker): DALI's decoder crashes on it"
     return ""
 
 
