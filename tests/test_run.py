@@ -108,7 +108,8 @@ def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path,
     for late in (3, 4):  # resume from step 2: mid-epoch 0, after 32 of the 60 samples
         (run / "checkpoints" / f"ckpt-{late:09d}.pt").unlink()
     (run / "summary.json").unlink()
-    two = _torchrun(str(recipe_path), "--out", str(run), "--resume", "auto",
+    # --force: the recipe's 40 epochs, not the 1 the first run was told (a re-laid schedule).
+    two = _torchrun(str(recipe_path), "--out", str(run), "--resume", "auto", "--force",
                     "--set", "train.batch_size=4")
     proc = subprocess.Popen(two, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -129,7 +130,7 @@ def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path,
     assert stopped_at >= 4  # the resumed DDP run finished epoch 0 with 2 steps, as 1 rank would
 
     epochs = stopped_at // 4 + 2  # finish the epoch it stopped in, and one more
-    back = subprocess.run(single + ["--resume", "auto", "--epochs", str(epochs)],
+    back = subprocess.run(single + ["--resume", "auto", "--force", "--epochs", str(epochs)],
                           capture_output=True, text=True, timeout=300)
     assert back.returncode == 0, back.stderr[-3000:]
     assert not (run / "preempted.json").exists()
@@ -250,3 +251,23 @@ def test_time_to_go_leaves_start_up_out(monkeypatch: pytest.MonkeyPatch,
     lines = [r.getMessage() for r in caplog.records if "to go" in r.getMessage()]
     assert lines == ["about 1.0 min to go (71 steps in all at 1.00 s each; validation not "
                      "included)"]
+
+
+def test_a_resume_with_another_epoch_count_is_refused_unless_forced(image_root: Path,
+                                                                    tmp_path: Path) -> None:
+    """Extending a finished run re-lays the LR schedule over the new count (the LR jumps back
+    up), so it must be asked for, not happen because --epochs changed."""
+    from stallfree.train.resume import ResumeError
+
+    recipe = small_recipe(image_root, train={"batch_size": 16, "epochs": 2},
+                          optim={"warmup_steps": 0})
+    run = tmp_path / "run"
+    train(recipe, run, progress=False)
+    before = (run / "metrics.jsonl").read_text()
+    recipe.train.epochs = 3
+    with pytest.raises(ResumeError, match=r"train.epochs: checkpoint 2, now 3.*"
+                                          r"--epochs 2.*--force.*schedule") as err:
+        train(recipe, run, progress=False, resume="auto")
+    assert "\n" not in str(err.value)
+    assert (run / "metrics.jsonl").read_text() == before  # refused before anything was written
+    assert train(recipe, run, progress=False, resume="auto", force=True)["optimizer_steps"] == 9

@@ -32,7 +32,9 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue from a checkpoint: 'auto' takes the newest one in OUT/checkpoints "
                         "that loads (or starts fresh if there is none)")
     p.add_argument("--force", action="store_true",
-                   help="resume even if the global batch, backend, data root or model changed")
+                   help="resume even if the global batch, backend, data root, model or epoch "
+                        "count changed (another epoch count re-lays the LR schedule over it: "
+                        "the LR jumps to the new curve)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="trace N optimizer steps after 5 warm-up steps into OUT/profile/ "
                         "(Chrome trace.json and top_ops.txt)")

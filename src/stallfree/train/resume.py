@@ -86,15 +86,19 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
         "loader.backend": recipe["loader"]["backend"],
         "data.root": str(Path(recipe["data"]["root"]).resolve()) if recipe["data"]["root"] else "",
         "model.name": recipe["model"]["name"],
+        "train.epochs": train["epochs"],  # the LR schedule's length
     }
 
 
 def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, path: Path,
                      force: bool = False) -> None:
-    """Refuse to resume a run whose global batch, backend, data or model differ.
+    """Refuse to resume a run whose global batch, backend, data, model or epoch count differ.
 
     The micro-batch split and the world size may change as long as the global batch stays:
-    positions are samples, so the resumed run continues on the next unseen sample.
+    positions are samples, so the resumed run continues on the next unseen sample. The epoch
+    count lays out the LR schedule (warmup, then cosine to the last step): another count
+    re-lays it mid-run, so the LR jumps (after a finished run, from near 0 back up); `force`
+    accepts that, as it does the other differences.
     """
     if "batch_size" not in state["ranks"][0]["loader"]:
         raise ResumeError(f"cannot resume from {path}: it was written by stallfree "
@@ -109,9 +113,12 @@ def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, pat
         saved_epochs = state["recipe"]["train"]["epochs"]
         done = f" That run had already finished ({saved_epochs} epochs)." \
             if int(state["epoch"]) >= saved_epochs else ""
+        epochs = f" (--epochs {saved_epochs})" if saved_epochs != recipe.train.epochs else ""
+        schedule = " (with another train.epochs the LR schedule is re-laid over the new count, " \
+            "so the LR jumps to that curve's value at this step)" if epochs else ""
         raise ResumeError(f"cannot resume from {path}: the run differs in " + "; ".join(diffs)
-                          + f".{done} Restore those settings, pass --force to resume anyway, "
-                          "or use another --out.")
+                          + f".{done} Restore those settings{epochs}, pass --force to resume "
+                          f"anyway{schedule}, or use another --out.")
 
 
 def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any], Path] | None:
