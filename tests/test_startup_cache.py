@@ -170,3 +170,32 @@ def test_a_batch_of_only_replaced_files_is_empty_or_named(
             assert [b.labels.numel() for b in loader] == sizes  # the next pass alike
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("backend", ["torch"])
+def test_a_cache_or_list_from_older_header_rules_does_not_vouch(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """A new rule (here: refuse this one file) must be applied to a dataset whose start-up
+    cache and `data check` list were written under the previous rules of the same release:
+    the cache key and the list's header carry the rules' number, not only the version."""
+    import stallfree.data.imageio as imageio
+
+    root = _root(tmp_path / "data")
+    clean = tmp_path / "clean.txt"
+    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
+                 "--write-list", str(clean)]) == 0
+    _build(root, backend)  # the old rules' start-up check, cached
+    victim = root / "train" / "a" / "2.jpg"
+    old_open = imageio._open_checked  # noqa: SLF001 (the rule set itself is what changes)
+
+    def stricter(path: str, max_pixels: int, *args: object, **kwargs: object) -> object:
+        if Path(path).resolve() == victim.resolve():
+            raise BadImageError(path, "refused by a newer rule")
+        return old_open(path, max_pixels, *args, **kwargs)
+
+    monkeypatch.setattr(imageio, "_open_checked", stricter)
+    monkeypatch.setattr(imageio, "HEADER_RULES", imageio.HEADER_RULES + 1)
+    with pytest.raises(BadImageError, match="newer rule"):
+        _build(root, backend)
+    with pytest.raises(BadImageError, match="newer rule"):
+        _build(root, backend, file_list=str(clean))

@@ -18,10 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallfree import __version__
 from stallfree.data.dataset import class_files
 from stallfree.data.foreign import is_shard_folder
-from stallfree.data.imageio import IMAGE_EXTENSIONS
+from stallfree.data.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.listing import SPLITS, Dataset, DatasetError
 from stallfree.data.pack import file_sha256
 from stallfree.data.startup import decode_all
@@ -69,7 +68,7 @@ class CheckReport:
         # the same ones needs no header check at start (data/dataset.py reads it back).
         # The root resolved: the list vouches for that folder's files, not a copy's.
         head = (f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
-                f"(stallfree {__version__}, max_pixels {self.max_pixels})")
+                f"(stallfree {rules_id()}, max_pixels {self.max_pixels})")
         return head + "\n" + "\n".join(lines) + "\n"
 
 

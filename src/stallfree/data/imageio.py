@@ -31,6 +31,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from stallfree.data.headers import (MEMBER, jpeg2000_truncated, jpeg_marker_problem,
                                     png_is_animated, read_bytes, tiff_ifds_loop,
                                     webp_is_lossless)
+from stallfree import __version__
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 
@@ -85,6 +86,16 @@ class BadImageError(StallfreeError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.reason else self.path
+
+# The header check's rules, numbered: bump it whenever the check refuses something it used to
+# pass (two EXIF blocks, a TIFF without RowsPerStrip...). A start-up cache or a `data check`
+# list written under older rules then vouches for nothing, even within one release.
+HEADER_RULES = 2
+
+
+def rules_id() -> str:
+    """Which release and header rules checked a dataset: the stamp caches and lists carry."""
+    return f"{__version__}+rules{HEADER_RULES}"
 
 
 def _source(path: str) -> str | io.BytesIO:

@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stallfree import __version__
-from stallfree.data.imageio import BadImageError, bad_headers, open_rgb
+from stallfree.data.imageio import BadImageError, bad_headers, open_rgb, rules_id
 from stallfree.data.listing import Listing
 from stallfree.parallel import DistInfo
 
@@ -59,7 +59,7 @@ def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels
     # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
     where = os.path.realpath(listing.prefix)
     return stat_key([os.path.realpath(s) for s in sources],
-                    f"{kind} {__version__} {max_pixels} {where} {listing.digest()}")
+                    f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}")
 
 
 def write_cache_file(path: Path, text: str) -> OSError | None:
@@ -145,7 +145,7 @@ def bad_headers_at_start(listing: Listing, *, sources: tuple[str, ...],
     Each rank checks its share; the result is cached per dataset state, so the next start
     (a requeue, the next run) skips the check.
     """
-    if checked_by == (__version__, max_pixels):
+    if checked_by == (rules_id(), max_pixels):
         return []  # a data check clean list: every file was fully decoded under these rules
     key = _state_key("headers", listing, sources, max_pixels)
     cache = cache_dir() / f"headers-{key}.json"

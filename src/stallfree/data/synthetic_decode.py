@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from stallfree import __version__
 from stallfree.data.headers import read_bytes
-from stallfree.data.imageio import BadImageError, bad_headers
+from stallfree.data.imageio import BadImageError, bad_headers, rules_id
 from stallfree.data.listing import Listing, ListingBuilder
 from stallfree.data.loader import Batch, Loader, LoaderSpec
 from stallfree.data.registry import BackendError, backend_options, resolve_backend
@@ -79,7 +78,7 @@ class SyntheticDecodeLoader(Loader):
             self.close()
             raise self._named(bad[0])
         inner_spec = dataclasses.replace(spec, listing=listing, sources=(self.folder,),
-                                         checked_by=(__version__, spec.max_pixels), loader=loader,
+                                         checked_by=(rules_id(), spec.max_pixels), loader=loader,
                                          options=backend_options(loader, backend))
         self.inner: Loader = resolve_backend(backend)(inner_spec)
 
