@@ -271,3 +271,44 @@ def test_a_resume_with_another_epoch_count_is_refused_unless_forced(image_root: 
     assert "\n" not in str(err.value)
     assert (run / "metrics.jsonl").read_text() == before  # refused before anything was written
     assert train(recipe, run, progress=False, resume="auto", force=True)["optimizer_steps"] == 9
+
+
+def test_the_summary_after_a_requeue_sums_every_segment(image_root: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after step 3 (as by SIGTERM), then resumed: summary.json counts the time and
+    images of both segments, not of the last one alone."""
+    import stallfree.train.run as run_module
+    from stallfree.train.resume import StopSignal
+    from stallfree.train.trainer import PreemptedError
+
+    class StopAfterThreeSteps(StopSignal):
+        checks = 0  # the trainer asks once after every optimizer step
+
+        @property
+        def requested(self) -> str | None:
+            type(self).checks += 1
+            return "SIGTERM" if type(self).checks >= 3 else None
+
+        @requested.setter
+        def requested(self, value: str | None) -> None:
+            pass
+
+    recipe = small_recipe(image_root, train={"epochs": 2, "log_every": 2},
+                          optim={"warmup_steps": 0})
+    run = tmp_path / "run"
+    monkeypatch.setattr(run_module, "StopSignal", StopAfterThreeSteps)
+    started = time.perf_counter()
+    with pytest.raises(PreemptedError):
+        train(recipe, run, progress=False)
+    first = time.perf_counter() - started
+    monkeypatch.undo()
+    started = time.perf_counter()
+    summary = train(recipe, run, progress=False, resume="auto")
+    second = time.perf_counter() - started
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if "loss" in r]
+    assert {r["step"] for r in timed} == {2, 4, 6, 7, 8, 10, 12, 14}  # each interval once
+    assert (summary["optimizer_steps"], second < summary["wall_s"] <= first + second,
+            summary["images_per_s"]) == (14, True, pytest.approx(
+                sum(r["images"] for r in timed) / sum(r["interval_s"] for r in timed)))
+    assert summary["images"] == sum(r["images"] for r in timed) and summary["segments"] == 2

@@ -318,6 +318,14 @@ class Totals:
     def reset(self) -> None:
         self.images, self.wall_s, self.wait_s = 0, 0.0, 0.0
 
+    def state_dict(self) -> dict[str, float]:
+        """The sums, for a checkpoint: a resumed run's summary counts every segment."""
+        return {"images": self.images, "wall_s": self.wall_s, "wait_s": self.wait_s}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.images = int(state["images"])
+        self.wall_s, self.wait_s = float(state["wall_s"]), float(state["wait_s"])
+
     def summary(self) -> dict[str, float]:
         nan = float("nan")
         return {"images_per_s": self.images / self.wall_s if self.wall_s else nan,

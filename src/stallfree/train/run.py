@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,28 @@ def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@dataclass(slots=True)
+class SegmentClock:
+    """Wall time over a run's segments (each start that trains; a requeue adds one): the
+    checkpoint carries the earlier ones' time, up to their last save, so summary.json's
+    wall_s is the whole run's, not the last segment's."""
+
+    started: float
+    earlier_s: float = 0.0
+    earlier: int = 0
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        """Take the earlier segments from a checkpoint (absent before issue 25: none)."""
+        if state:
+            self.earlier_s, self.earlier = float(state["wall_s"]), int(state["count"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s(), "count": self.earlier + 1}
+
+    def wall_s(self) -> float:
+        return self.earlier_s + time.perf_counter() - self.started
+
+
 def _check_batches(loader: Loader, ctx: RunContext) -> None:
     if len(loader) == 0:
         raise RecipeError(
@@ -63,7 +86,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
     `profile_steps` > 0 traces that many optimizer steps after a warm-up into profile/.
     Raises PreemptedError after saving a checkpoint when a stop signal arrives.
     """
-    started = time.perf_counter()
+    clock = SegmentClock(started=time.perf_counter())
     dist = DistInfo.from_env()
     run = RunDir(out_dir)
     if dist.rank == 0:
@@ -79,6 +102,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         run.check_fresh_start(resume)
     else:
         check_compatible(found[0], recipe, dist.world_size, found[1], force)
+        clock.load(found[0].get("segments"))
         if found[0]["epoch"] >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
             LOGGER.info(f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
@@ -109,7 +133,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             if ctx.autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", ctx.autotune)
         _announce(ctx, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps)
+        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps,
+                       clock)
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
@@ -119,8 +144,8 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             item.close()
         if all_ranks_here:
             shutdown()
-    summary.update(wall_s=time.perf_counter() - started, checkpoint_save_s=checkpointer.last_save_s,
-                   **ctx.facts())
+    summary.update(wall_s=clock.wall_s(), segments=clock.earlier + 1,
+                   checkpoint_save_s=checkpointer.last_save_s, **ctx.facts())
     if dist.rank == 0:
         write_json_atomic(run.path / "summary.json", summary)
     return summary
@@ -210,7 +235,8 @@ class TimeToGo:
 
 
 def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
-         ctx: RunContext, start_epoch: int, profile_steps: int) -> dict[str, Any]:
+         ctx: RunContext, start_epoch: int, profile_steps: int,
+         clock: SegmentClock) -> dict[str, Any]:
     """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
@@ -218,6 +244,7 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
     def save() -> None:
         state = training_state(trainer, train_loader.state_dict(), recipe, dist.world_size,
                                device, trainer.sinks.records, ctx.num_classes)
+        state["segments"] = clock.state_dict()
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps

@@ -344,7 +344,8 @@ class Trainer:
                 val = self._validate(val_loader, epoch)
             if hooks.on_epoch_end is not None:
                 hooks.on_epoch_end(self, epoch)
-        return {**self.totals.summary(), "optimizer_steps": self.optimizer_steps,
+        return {**self.totals.summary(), "images": self.totals.images,
+                "train_s": self.totals.wall_s, "optimizer_steps": self.optimizer_steps,
                 "skipped_steps": self.skipped_steps, **val}
 
     def _validate(self, val_loader: Loader, epoch: int) -> dict[str, float]:
@@ -373,6 +374,7 @@ class Trainer:
             "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
                          "nonfinite_in_row": self._nonfinite_in_row,
                          "best_val_top1": self.best_val_top1},
+            "totals": self.totals.state_dict(),  # logged images and time, over all segments
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -395,6 +397,8 @@ class Trainer:
         # to the trainer at each pass. A 0.2 checkpoint's counters still carry one: ignored.
         self._nonfinite_in_row = counters["nonfinite_in_row"]
         self.best_val_top1 = float(counters.get("best_val_top1", -1.0))  # absent before 0.3
+        if "totals" in state:  # absent before issue 25: the summary counts this segment only
+            self.totals.load_state_dict(state["totals"])
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:
