@@ -1,6 +1,6 @@
 """Checkpoint size and save time for a model with its SGD momentum state (median of 5 saves).
 
-    python benchmarks/checkpoint_cost.py small_cnn resnet50
+python benchmarks/checkpoint_cost.py small_cnn resnet50
 """
 
 from __future__ import annotations

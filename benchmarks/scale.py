@@ -97,30 +97,41 @@ def _child(args: argparse.Namespace) -> None:
     base = _rss_mb()
     started = time.perf_counter()
     data = {"root": args.root, "file_list": args.file_list or ""}
-    recipe = recipe_from_dict({
-        "data": data, "augment": {"image_size": 32, "resize_size": 36},
-        "train": {"batch_size": 64, "precision": "fp32", "device": "cpu"},
-        "loader": {"backend": "torch", "torch": {"workers": args.workers}}})
+    recipe = recipe_from_dict(
+        {
+            "data": data,
+            "augment": {"image_size": 32, "resize_size": 36},
+            "train": {"batch_size": 64, "precision": "fp32", "device": "cpu"},
+            "loader": {"backend": "torch", "torch": {"workers": args.workers}},
+        }
+    )
     dataset = resolve_dataset(recipe.data)
     listed = time.perf_counter()
-    result: dict[str, Any] = {"n": len(dataset.splits["train"]), "list_s": listed - started,
-                              "rss_listed_mb": _rss_mb() - base,
-                              "listing_mb": dataset.splits["train"].nbytes() / 1e6}
+    result: dict[str, Any] = {
+        "n": len(dataset.splits["train"]),
+        "list_s": listed - started,
+        "rss_listed_mb": _rss_mb() - base,
+        "listing_mb": dataset.splits["train"].nbytes() / 1e6,
+    }
     if not args.list_only:
         loader = build_loader(recipe, "train", device=torch.device("cpu"), dataset=dataset)
         checked = time.perf_counter()
         batches = iter(loader)
         next(batches)
-        result |= {"check_s": checked - listed, "first_batch_s": time.perf_counter() - started,
-                   "rss_main_mb": _rss_mb() - base}
+        result |= {
+            "check_s": checked - listed,
+            "first_batch_s": time.perf_counter() - started,
+            "rss_main_mb": _rss_mb() - base,
+        }
         workers = getattr(loader.dataloader._iterator, "_workers", [])  # noqa: SLF001
         result["rss_workers_mb"] = [_rss_mb(w.pid) for w in workers]
         loader.close()
     print(json.dumps(result), flush=True)
 
 
-def measure(root: Path, *, cache: Path, workers: int = 2, list_only: bool = False,
-            file_list: Path | None = None) -> dict[str, Any]:
+def measure(
+    root: Path, *, cache: Path, workers: int = 2, list_only: bool = False, file_list: Path | None = None
+) -> dict[str, Any]:
     """Run `_child` in a fresh interpreter with STALLFREE_CACHE=cache."""
     cmd = [sys.executable, __file__, "--child", "--root", str(root), "--workers", str(workers)]
     cmd += ["--list-only"] if list_only else []
@@ -140,8 +151,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="100000", help="comma-separated sample counts")
     p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--listing-only", type=int, default=0, metavar="N",
-                   help="also list a data.file_list of N lines (no files)")
+    p.add_argument(
+        "--listing-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list a data.file_list of N lines (no files)",
+    )
     p.add_argument("--list-classes", type=int, default=21_841)
     p.add_argument("--work", default="/tmp/stallfree-scale")
     p.add_argument("--out", default="")
@@ -173,7 +189,8 @@ def main() -> None:
             row["bytes_per_sample_listing"] = _per_sample(second, base, "rss_listed_mb")
             row["bytes_per_sample_worker"] = max(
                 (w - b) * 1e6 / (n - BASELINE)
-                for w, b in zip(second["rss_workers_mb"], base["rss_workers_mb"]))
+                for w, b in zip(second["rss_workers_mb"], base["rss_workers_mb"])
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.listing_only:
@@ -186,8 +203,13 @@ def main() -> None:
         cache = work / "cache-list"
         big = measure(lists, cache=cache, list_only=True, file_list=path)
         ref = measure(lists, cache=cache, list_only=True, file_list=small)
-        row = {"n": n, "make_s": made, "listing_only": big, "baseline": ref,
-               "bytes_per_sample_listing": _per_sample(big, ref, "rss_listed_mb")}
+        row = {
+            "n": n,
+            "make_s": made,
+            "listing_only": big,
+            "baseline": ref,
+            "bytes_per_sample_listing": _per_sample(big, ref, "rss_listed_mb"),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

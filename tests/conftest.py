@@ -32,5 +32,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 10-class demo ImageFolder: 6 train and 3 val images per class (photo-like sizes)."""
-    return write_demo(tmp_path_factory.mktemp("demo"), train_per_class=6, val_per_class=3,
-                      seed=1, gray_every=4, progress=False)
+    return write_demo(
+        tmp_path_factory.mktemp("demo"),
+        train_per_class=6,
+        val_per_class=3,
+        seed=1,
+        gray_every=4,
+        progress=False,
+    )

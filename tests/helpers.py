@@ -24,8 +24,9 @@ class TensorLoader(ShardedLoader):
         self.images, self.labels = images, labels
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._counted(Batch(self.images[ids], self.labels[ids])
-                             for ids in map(torch.from_numpy, self.remaining_ids()))
+        return self._counted(
+            Batch(self.images[ids], self.labels[ids]) for ids in map(torch.from_numpy, self.remaining_ids())
+        )
 
 
 def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tuple[Any, Any, Any]:
@@ -36,10 +37,18 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
     from stallfree.recipe import apply_overrides, load_recipe
     from stallfree.train.build import build_trainer, prepare
 
-    recipe = apply_overrides(load_recipe(path), [
-        f'data.root="{image_root}"', "train.batch_size=4", 'train.device="cpu"',
-        'train.precision="fp32"', 'loader.backend="torch"', "loader.torch.workers=0",
-        *overrides])
+    recipe = apply_overrides(
+        load_recipe(path),
+        [
+            f'data.root="{image_root}"',
+            "train.batch_size=4",
+            'train.device="cpu"',
+            'train.precision="fp32"',
+            'loader.backend="torch"',
+            "loader.torch.workers=0",
+            *overrides,
+        ],
+    )
     ctx = prepare(recipe)
     loader = ctx.loader("train")
     with warnings.catch_warnings():
@@ -55,8 +64,7 @@ def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:
         "augment": {"image_size": 32, "resize_size": 36},
         "model": {"name": "small_cnn"},
         "optim": {"name": "adamw", "lr": 0.003, "weight_decay": 0.0},
-        "train": {"epochs": 1, "batch_size": 8, "precision": "fp32", "log_every": 1,
-                  "device": "cpu"},
+        "train": {"epochs": 1, "batch_size": 8, "precision": "fp32", "log_every": 1, "device": "cpu"},
         "loader": {"backend": "torch", "torch": {"workers": 0}},
     }
     for name, table in sections.items():
@@ -72,17 +80,28 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = value
 
 
-def train_until_logged(recipe: Recipe, tmp_path: Path, records: int, extra: tuple[str, ...] = (),
-                       new_session: bool = False) -> tuple[subprocess.Popen, list[str], Path]:
+def train_until_logged(
+    recipe: Recipe, tmp_path: Path, records: int, extra: tuple[str, ...] = (), new_session: bool = False
+) -> tuple[subprocess.Popen, list[str], Path]:
     """Start `stallfree train` on `recipe` in a subprocess; return once metrics.jsonl holds
     `records` lines (the run is stepping): (process, its command, its run directory)."""
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(recipe))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
-           "--no-progress", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=new_session)  # its own group, to signal it all
+    cmd = [
+        sys.executable,
+        "-m",
+        "stallfree",
+        "train",
+        str(recipe_path),
+        "--out",
+        str(run),
+        "--no-progress",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session
+    )  # its own group, to signal it all
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
@@ -105,8 +124,9 @@ class Collect:
         pass
 
 
-def jpeg_with_segments(path: Path, segments: list[tuple[int, bytes]],
-                       size: tuple[int, int] = (64, 48)) -> Path:
+def jpeg_with_segments(
+    path: Path, segments: list[tuple[int, bytes]], size: tuple[int, int] = (64, 48)
+) -> Path:
     """A JPEG of a horizontal ramp with the given (marker, payload) header segments right after
     SOI, in order (e.g. two EXIF APP1 blocks, or an EXIF block inside a comment)."""
     import io
@@ -114,13 +134,15 @@ def jpeg_with_segments(path: Path, segments: list[tuple[int, bytes]],
     import numpy as np
     from PIL import Image
 
-    ramp = np.broadcast_to((np.arange(size[0]) * 255 // max(1, size[0] - 1)).astype(np.uint8),
-                           (size[1], size[0]))
+    ramp = np.broadcast_to(
+        (np.arange(size[0]) * 255 // max(1, size[0] - 1)).astype(np.uint8), (size[1], size[0])
+    )
     encoded = io.BytesIO()
     Image.fromarray(np.stack([ramp, ramp[::-1], ramp // 2], -1)).save(encoded, "JPEG", quality=95)
     data = encoded.getvalue()
-    head = b"".join(bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
-                    for marker, body in segments)
+    head = b"".join(
+        bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body for marker, body in segments
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data[:2] + head + data[2:])
     return path

@@ -22,8 +22,7 @@ _ENCODED: list[np.ndarray] = []
 
 
 def _pipeline(op: str) -> Any:
-    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False,
-                  exec_pipelined=False, seed=1)
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False, seed=1)
     def graph() -> Any:  # the dali backend's decoders: val (image) and train (random crop)
         encoded = fn.external_source(source=lambda: _ENCODED[-1:], batch=True, dtype=types.UINT8)
         decoder = fn.decoders.image if op == "image" else fn.decoders.image_random_crop

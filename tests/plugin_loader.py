@@ -48,6 +48,7 @@ class FrozenOptions:
 def _builder(options: type) -> Callable[[LoaderSpec], Loader]:
     def builder(spec: LoaderSpec) -> Loader:
         return build(spec)
+
     builder.options = options
     return builder
 
@@ -71,4 +72,7 @@ class NoDefault:
 
 
 build_none_default, build_tuple, build_no_default = (
-    _builder(NoneDefault), _builder(TupleOption), _builder(NoDefault))
+    _builder(NoneDefault),
+    _builder(TupleOption),
+    _builder(NoDefault),
+)

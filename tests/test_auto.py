@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 
 import stallfree.data.auto as auto
 import stallfree.data.autotune as autotune
-from helpers import small_recipe
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
@@ -26,19 +26,24 @@ GPU = torch.device("cuda", 0)  # a device object only: nothing runs on it
 @pytest.fixture
 def fake_machine(monkeypatch: pytest.MonkeyPatch):
     """Set what the chain sees: DALI's import problem, the GPU probe's, the cores per rank."""
+
     def setup(dali: str | None, gpu: str | None, cores: int) -> None:
         monkeypatch.setattr(auto, "_dali_problem", lambda: dali)
         monkeypatch.setattr(auto, "_gpu_decode_problem", lambda index: gpu)
         monkeypatch.setattr(auto, "cpu_workers", lambda requested, ranks: cores)
+
     return setup
 
 
-@pytest.mark.parametrize("dali, gpu, cores, expected", [
-    (None, None, 2, ("dali", [])),  # nvJPEG works
-    (None, "nvjpeg did not load", 8, ("dali", ['loader.dali.decode="cpu"'])),
-    (None, "nvjpeg did not load", 2, ("torch", [])),  # too few cores for DALI's CPU decode
-    ("DALI does not import", None, 8, ("torch", [])),
-])
+@pytest.mark.parametrize(
+    "dali, gpu, cores, expected",
+    [
+        (None, None, 2, ("dali", [])),  # nvJPEG works
+        (None, "nvjpeg did not load", 8, ("dali", ['loader.dali.decode="cpu"'])),
+        (None, "nvjpeg did not load", 2, ("torch", [])),  # too few cores for DALI's CPU decode
+        ("DALI does not import", None, 8, ("torch", [])),
+    ],
+)
 def test_the_fallback_chain_on_a_gpu(fake_machine, dali, gpu, cores, expected) -> None:
     fake_machine(dali, gpu, cores)
     backend, sets, why = auto.choose_backend(GPU)
@@ -46,8 +51,9 @@ def test_the_fallback_chain_on_a_gpu(fake_machine, dali, gpu, cores, expected) -
     assert why and (gpu is None or gpu in why or dali in why)
 
 
-def test_auto_on_a_cpu_run_is_resolved_once_and_said(image_root: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_on_a_cpu_run_is_resolved_once_and_said(
+    image_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     recipe = small_recipe(image_root, loader={"backend": "auto"})
     with caplog.at_level(logging.INFO, logger="stallfree"):
         ctx = prepare_recipe(recipe, DistInfo())
@@ -61,8 +67,9 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(image_root: Path,
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_auto_counts_are_measured_and_kept(image_root: Path, backend: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_counts_are_measured_and_kept(
+    image_root: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(autotune, "_chosen", {})
     table = "workers" if backend == "torch" else "threads"
     recipe = small_recipe(image_root, loader={"backend": backend, backend: {table: "auto"}})
@@ -82,10 +89,12 @@ def test_auto_counts_are_measured_and_kept(image_root: Path, backend: str,
 
 
 def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
-        image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(autotune, "_chosen", {})
-    recipe = small_recipe(image_root, train={"batch_size": 16, "ckpt_every_steps": 1},
-                          loader={"torch": {"workers": "auto"}})
+    recipe = small_recipe(
+        image_root, train={"batch_size": 16, "ckpt_every_steps": 1}, loader={"torch": {"workers": "auto"}}
+    )
     train(recipe, tmp_path / "run", progress=False)
     figures = json.loads((tmp_path / "run" / "autotune.json").read_text())
     assert figures["key"] == "loader.torch.workers" and figures["chosen"] in (1, 2, 3)
@@ -96,20 +105,19 @@ def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
     # directory) takes the count from the checkpoint: no second measurement.
     monkeypatch.setattr(autotune, "_chosen", {})
     monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured on resume"))
-    first = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"),
-                   key=lambda p: int(p.stem.split("-")[1]))[0]
+    first = sorted(
+        (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1])
+    )[0]
     train(recipe, tmp_path / "resumed", progress=False, resume=str(first))
     again = load_recipe(tmp_path / "resumed" / "recipe.toml").loader.torch
     assert (again.workers, again.workers_requested) == (figures["chosen"], "auto")
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_synthetic_decode_runs_the_real_pipeline_on_copies_in_memory(image_root: Path,
-                                                                     backend: str) -> None:
+def test_synthetic_decode_runs_the_real_pipeline_on_copies_in_memory(image_root: Path, backend: str) -> None:
     """With fewer files than it holds, synthetic-decode's val epoch is the real one, pixel
     for pixel; the copies are in RAM and gone after close()."""
-    recipe = small_recipe(image_root, loader={"backend": "synthetic-decode",
-                                              "synthetic_decode": backend})
+    recipe = small_recipe(image_root, loader={"backend": "synthetic-decode", "synthetic_decode": backend})
     loader = build_loader(recipe, "val", device=CPU)
     folder = loader.folder
     assert folder.startswith("/dev/shm/") or not os.path.isdir("/dev/shm")
@@ -127,7 +135,8 @@ def test_synthetic_decode_runs_the_real_pipeline_on_copies_in_memory(image_root:
 
 
 def test_synthetic_decode_names_the_users_file(tmp_path: Path) -> None:
-    from test_loaders import _root_with_one_bad_file, _bomb_jpeg
+    from test_loaders import _bomb_jpeg, _root_with_one_bad_file
+
     from stallfree.data.imageio import BadImageError
 
     bad = _root_with_one_bad_file(tmp_path, "3.jpg", _bomb_jpeg(), "train")

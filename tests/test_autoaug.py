@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.data.autoaug import FILL, MAX_TRANSLATE, SUITES, apply_op, auto_augment
 from stallfree.data.loader import build_loader
 from stallfree.recipe import RecipeError, apply_overrides, validate
@@ -35,23 +35,27 @@ def _run_dali(images: list[np.ndarray], graph, runs: int = 1) -> list[list[np.nd
     output, per image of every run."""
     from nvidia.dali import fn, pipeline_def
 
-    @pipeline_def(enable_conditionals=True, batch_size=len(images), num_threads=1,
-                  device_id=None, seed=7)
+    @pipeline_def(enable_conditionals=True, batch_size=len(images), num_threads=1, device_id=None, seed=7)
     def pipe():
         return graph(fn.external_source(source=lambda: images, layout="HWC", batch=True))
 
     pipeline = pipe()
     pipeline.build()
     results = [pipeline.run() for _ in range(runs)]
-    return [[np.asarray(outs[k][i]) for outs in results for i in range(len(images))]
-            for k in range(len(results[0]))]
+    return [
+        [np.asarray(outs[k][i]) for outs in results for i in range(len(images))]
+        for k in range(len(results[0]))
+    ]
 
 
 def _dali_suite(policy: str) -> list:
     from nvidia.dali.auto_aug import rand_augment, trivial_augment
 
-    getter = rand_augment.get_rand_augment_suite if policy == "randaugment" else \
-        trivial_augment.get_trivial_augment_wide_suite
+    getter = (
+        rand_augment.get_rand_augment_suite
+        if policy == "randaugment"
+        else trivial_augment.get_trivial_augment_wide_suite
+    )
     return getter(use_shape=True, max_translate_rel=MAX_TRANSLATE[policy])
 
 
@@ -59,7 +63,8 @@ def _dali_suite(policy: str) -> list:
 @pytest.mark.parametrize("policy", sorted(SUITES))
 @pytest.mark.parametrize(("magnitude_bin", "negative"), [(9, False), (24, True)])
 def test_each_operation_matches_dali_at_a_fixed_magnitude(
-        image_root: Path, policy: str, magnitude_bin: int, negative: bool) -> None:
+    image_root: Path, policy: str, magnitude_bin: int, negative: bool
+) -> None:
     """Same suite, in the same order, with the same parameter per bin and sign; every output
     within one grey level of DALI's (the rounding of the warps' half-pixel weights and of the
     casts)."""
@@ -72,11 +77,23 @@ def test_each_operation_matches_dali_at_a_fixed_magnitude(
 
     def every_op(node):
         sign = fn.random.uniform(values=[int(negative)], dtype=types.INT32)
-        kwargs = {"magnitude_bin": signed_bin(magnitude_bin, random_sign=sign),
-                  "num_magnitude_bins": BINS, "shape": node.shape(), "fill_value": FILL}
-        return tuple(op(node, **{k: v for k, v in kwargs.items()
-                                 if k in ("magnitude_bin", "num_magnitude_bins")
-                                 or k in op.op.__code__.co_varnames}) for op in suite)
+        kwargs = {
+            "magnitude_bin": signed_bin(magnitude_bin, random_sign=sign),
+            "num_magnitude_bins": BINS,
+            "shape": node.shape(),
+            "fill_value": FILL,
+        }
+        return tuple(
+            op(
+                node,
+                **{
+                    k: v
+                    for k, v in kwargs.items()
+                    if k in ("magnitude_bin", "num_magnitude_bins") or k in op.op.__code__.co_varnames
+                },
+            )
+            for op in suite
+        )
 
     dali_out = _run_dali(images, every_op)
     for op, per_image in zip(SUITES[policy], dali_out, strict=True):
@@ -109,8 +126,10 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
     copies = 64
     dali_out = _run_dali([image] * copies, lambda node: _auto_augment(node, aug), runs=6)[0]
     rng = random.Random(3)
-    torch_out = [auto_augment(image, policy, rng, n=aug.randaugment_n, m=aug.randaugment_m,
-                              bins=aug.magnitude_bins) for _ in range(len(dali_out))]
+    torch_out = [
+        auto_augment(image, policy, rng, n=aug.randaugment_n, m=aug.randaugment_m, bins=aug.magnitude_bins)
+        for _ in range(len(dali_out))
+    ]
     critical = 1.95 * np.sqrt(2 / len(dali_out))
     for statistic in (lambda x: np.abs(x.astype(float) - image).mean(), lambda x: x.mean()):
         ours = np.array([statistic(x) for x in torch_out])
@@ -123,9 +142,9 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
 def test_both_loaders_train_with_a_policy(image_root: Path, backend: str) -> None:
     """A train epoch with RandAugment: the batch contract holds, the pixels differ from the
     epoch without it, and two loaders of one seed agree (resume depends on it)."""
+
     def first_batch(policy: str) -> torch.Tensor:
-        recipe = small_recipe(image_root, augment={"auto_augment": policy},
-                              loader={"backend": backend})
+        recipe = small_recipe(image_root, augment={"auto_augment": policy}, loader={"backend": backend})
         loader = build_loader(recipe, "train", device=CPU)
         loader.set_epoch(1)
         images = next(iter(loader)).images
@@ -139,15 +158,19 @@ def test_both_loaders_train_with_a_policy(image_root: Path, backend: str) -> Non
 
 
 def test_bad_policy_settings_are_refused(image_root: Path) -> None:
-    for bad, named in (('augment.auto_augment="autoaugment"', "augment.auto_augment"),
-                       ("augment.randaugment_m=31", "augment.randaugment_m"),
-                       ("augment.randaugment_n=0", "augment.randaugment_n")):
+    for bad, named in (
+        ('augment.auto_augment="autoaugment"', "augment.auto_augment"),
+        ("augment.randaugment_m=31", "augment.randaugment_m"),
+        ("augment.randaugment_n=0", "augment.randaugment_n"),
+    ):
         with pytest.raises(RecipeError, match=named):
-            validate(apply_overrides(small_recipe(image_root),
-                                     ['augment.auto_augment="randaugment"', bad]))
+            validate(apply_overrides(small_recipe(image_root), ['augment.auto_augment="randaugment"', bad]))
     # randaugment_m is RandAugment's alone: fewer bins for TrivialAugmentWide are fine.
-    validate(apply_overrides(small_recipe(image_root), ['augment.auto_augment="trivialaugment"',
-                                                        "augment.magnitude_bins=5"]))
+    validate(
+        apply_overrides(
+            small_recipe(image_root), ['augment.auto_augment="trivialaugment"', "augment.magnitude_bins=5"]
+        )
+    )
 
 
 @pytest.mark.gpu
@@ -156,9 +179,14 @@ def test_bad_policy_settings_are_refused(image_root: Path) -> None:
 def test_policies_run_in_the_gpu_graph(image_root: Path, policy: str) -> None:
     """With nvJPEG the policies run on the GPU (DALI's GPU operators), and the batches are
     as on the CPU: finite, on the device, and not the plain crops."""
+
     def first(auto_augment: str) -> torch.Tensor:
-        recipe = small_recipe(image_root, augment={"auto_augment": auto_augment},
-                              loader={"backend": "dali"}, train={"precision": "fp32"})
+        recipe = small_recipe(
+            image_root,
+            augment={"auto_augment": auto_augment},
+            loader={"backend": "dali"},
+            train={"precision": "fp32"},
+        )
         loader = build_loader(recipe, "train", device=torch.device("cuda"))
         images = next(iter(loader)).images
         loader.close()
@@ -177,8 +205,10 @@ def _one_sided_wedges(images: torch.Tensor) -> tuple[int, int]:
     rows = torch.maximum(fill[:, 0].sum(1), fill[:, -1].sum(1))
     left, right = fill[:, :, 0].sum(1), fill[:, :, -1].sum(1)
     full = rows >= fill.shape[2] - 3
-    return (int((full & (right > left + 3) & (left <= 1)).sum()),
-            int((full & (left > right + 3) & (right <= 1)).sum()))
+    return (
+        int((full & (right > left + 3) & (left <= 1)).sum()),
+        int((full & (left > right + 3) & (right <= 1)).sum()),
+    )
 
 
 @pytest.mark.dali
@@ -192,11 +222,21 @@ def test_the_flip_comes_before_the_policy_on_both_loaders(tmp_path: Path) -> Non
             Image.new("RGB", (40, 40), (230, 230, 230)).save(tmp_path / split / "a" / f"{k}.png")
     counts = {}
     for backend in ("torch", "dali"):
-        recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 128},
-                              augment={"auto_augment": "trivialaugment", "image_size": 40,
-                                       "resize_size": 40, "scale": [1.0, 1.0],
-                                       "ratio": [1.0, 1.0], "hflip": 1.0,
-                                       "mean": [0.0] * 3, "std": [1 / 255] * 3})
+        recipe = small_recipe(
+            tmp_path,
+            loader={"backend": backend},
+            train={"batch_size": 128},
+            augment={
+                "auto_augment": "trivialaugment",
+                "image_size": 40,
+                "resize_size": 40,
+                "scale": [1.0, 1.0],
+                "ratio": [1.0, 1.0],
+                "hflip": 1.0,
+                "mean": [0.0] * 3,
+                "std": [1 / 255] * 3,
+            },
+        )
         loader = build_loader(recipe, "train", device=CPU)
         found = np.zeros(2, dtype=int)
         for epoch in range(3):

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
-from stallfree.bench import (BenchConfig, measure_bare_loop, measure_loader, measure_train,
-                             run_bench, stream)
+from stallfree.bench import BenchConfig, measure_bare_loop, measure_loader, measure_train, run_bench, stream
 from stallfree.bench_report import markdown, ratios, summarise, write_report
 from stallfree.data.demo import write_demo
 from stallfree.data.loader import build_loader
@@ -27,23 +26,69 @@ CPU = torch.device("cpu")
 def _fake_result() -> dict:
     records = []
     for repeat, scale in enumerate((1.0, 1.2, 0.9)):
-        for backend, ips in (("torch", 300), ("torch-naive", 200), ("dali", 400),
-                             ("peer-pil", 250), ("peer-webdataset", 240)):
-            records.append({"backend": backend, "mode": "loader", "knob": None, "repeat": repeat,
-                            "images_per_s": ips * scale, "cpu_cores": 1.9, "peak_pss_mb": 500})
+        for backend, ips in (
+            ("torch", 300),
+            ("torch-naive", 200),
+            ("dali", 400),
+            ("peer-pil", 250),
+            ("peer-webdataset", 240),
+        ):
+            records.append(
+                {
+                    "backend": backend,
+                    "mode": "loader",
+                    "knob": None,
+                    "repeat": repeat,
+                    "images_per_s": ips * scale,
+                    "cpu_cores": 1.9,
+                    "peak_pss_mb": 500,
+                }
+            )
         for backend, ips in (("synthetic", 98), ("bare-loop", 100)):
-            records.append({"backend": backend, "mode": "train", "knob": None, "repeat": repeat,
-                            "images_per_s": ips * scale, "data_wait_frac": 0.0, "step_ms": 10.0})
-    records.append({"backend": "dali", "mode": "train", "knob": None, "repeat": 0,
-                    "error": "RuntimeError: boom"})
-    return {"machine": {"cpu": "Test CPU", "cores_available": 2, "gpu": None, "torch": "x",
-                        "dali": None, "python": "3.11"},
-            "limit": {"images_per_s": 500.0, "cores": 2, "single_thread": {"pil": 200.0, "fast": 250.0},
-                      "fastest": "fast", "spread": [450.0, 550.0], "runs": 3},
-            "records": records,
-            "config": {"repeats": 3, "warmup": 1, "batches": 2, "batch_size": 8, "model": "m",
-                       "image_size": 32, "precision": "fp32", "data_root": "d",
-                       "augment": "RandomResizedCrop + flip, RandAugment n=2 m=9/31"}}
+            records.append(
+                {
+                    "backend": backend,
+                    "mode": "train",
+                    "knob": None,
+                    "repeat": repeat,
+                    "images_per_s": ips * scale,
+                    "data_wait_frac": 0.0,
+                    "step_ms": 10.0,
+                }
+            )
+    records.append(
+        {"backend": "dali", "mode": "train", "knob": None, "repeat": 0, "error": "RuntimeError: boom"}
+    )
+    return {
+        "machine": {
+            "cpu": "Test CPU",
+            "cores_available": 2,
+            "gpu": None,
+            "torch": "x",
+            "dali": None,
+            "python": "3.11",
+        },
+        "limit": {
+            "images_per_s": 500.0,
+            "cores": 2,
+            "single_thread": {"pil": 200.0, "fast": 250.0},
+            "fastest": "fast",
+            "spread": [450.0, 550.0],
+            "runs": 3,
+        },
+        "records": records,
+        "config": {
+            "repeats": 3,
+            "warmup": 1,
+            "batches": 2,
+            "batch_size": 8,
+            "model": "m",
+            "image_size": 32,
+            "precision": "fp32",
+            "data_root": "d",
+            "augment": "RandomResizedCrop + flip, RandAugment n=2 m=9/31",
+        },
+    }
 
 
 def test_summary_takes_medians_and_ratios() -> None:
@@ -97,8 +142,7 @@ def test_markdown_without_limit_or_train() -> None:
     assert "| loader | torch | auto | 300 | - | 1.20 |" in text
 
 
-def test_warmup_and_window_share_one_iterator(image_root: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warmup_and_window_share_one_iterator(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loader = build_loader(small_recipe(image_root), "train", device=CPU)  # 7 batches an epoch
     iterations = []
     original = type(loader).__iter__
@@ -117,20 +161,33 @@ def test_measurements_on_tiny_data(image_root: Path) -> None:
     recipe.loader.backend = "stallfree.data.naive:build"
     loader = measure_loader(recipe, warmup=1, batches=3)
     assert loader["images_per_s"] > 0 and loader["peak_pss_mb"] > 10
-    trained = measure_train(small_recipe(image_root, loader={"backend": "synthetic"}), warmup=1,
-                            steps=3)
+    trained = measure_train(small_recipe(image_root, loader={"backend": "synthetic"}), warmup=1, steps=3)
     assert trained["images_per_s"] > 0 and 0 <= trained["data_wait_frac"] < 1
     bare = measure_bare_loop(small_recipe(image_root), warmup=1, steps=3)
     assert bare["images_per_s"] > 0 and bare["step_ms"] > 0
 
 
 def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
-    config = BenchConfig(backends=["torch", "synthetic"], modes=["loader"], repeats=2, warmup=1,
-                         batches=2, workers=[0, 1], limit_files=30, limit_passes=2)
+    config = BenchConfig(
+        backends=["torch", "synthetic"],
+        modes=["loader"],
+        repeats=2,
+        warmup=1,
+        batches=2,
+        workers=[0, 1],
+        limit_files=30,
+        limit_passes=2,
+    )
     result = run_bench(small_recipe(image_root), config, progress=False)
     order = [(r["repeat"], r["backend"], r["knob"]) for r in result["records"]]
-    assert order == [(0, "torch", "0"), (0, "torch", "1"), (0, "synthetic", None),
-                     (1, "torch", "0"), (1, "torch", "1"), (1, "synthetic", None)]
+    assert order == [
+        (0, "torch", "0"),
+        (0, "torch", "1"),
+        (0, "synthetic", None),
+        (1, "torch", "0"),
+        (1, "torch", "1"),
+        (1, "synthetic", None),
+    ]
     assert all("error" not in r for r in result["records"]), result["records"]
     limit = result["limit"]
     assert limit["images_per_s"] > 0 and limit["runs"] == 2
@@ -208,9 +265,14 @@ def _gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """Run gpu_check.sh in its own process group, killed whole if it overruns: a check that
     failed to stop early must not leave a benchmark running after the test."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            env={**os.environ, "PYTHON": sys.executable, **env})
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+    )
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -224,8 +286,13 @@ def test_gpu_check_fails_loudly_when_dali_is_required_but_missing(tmp_path: Path
     # A regular package named `nvidia` first on the path hides the installed nvidia.dali.
     (tmp_path / "nodali" / "nvidia").mkdir(parents=True)
     (tmp_path / "nodali" / "nvidia" / "__init__.py").write_text("")
-    result = _gpu_check(tmp_path, DEVICE="cpu", REQUIRE_DALI="1",
-                        PYTHONPATH=str(tmp_path / "nodali"), OUT_DIR=str(tmp_path / "out"))
+    result = _gpu_check(
+        tmp_path,
+        DEVICE="cpu",
+        REQUIRE_DALI="1",
+        PYTHONPATH=str(tmp_path / "nodali"),
+        OUT_DIR=str(tmp_path / "out"),
+    )
     assert result.returncode == 1
     assert "REQUIRE_DALI=1 but nvidia.dali does not import" in result.stderr
     assert "No module named 'nvidia.dali'" in result.stderr  # the import error, not hidden
@@ -235,13 +302,15 @@ def test_gpu_check_fails_loudly_when_dali_is_required_but_missing(tmp_path: Path
 
 def test_gpu_check_refuses_an_empty_wheelhouse(tmp_path: Path) -> None:
     (tmp_path / "wheels").mkdir()
-    result = _gpu_check(tmp_path, DEVICE="cpu", WHEELHOUSE=str(tmp_path / "wheels"),
-                        OUT_DIR=str(tmp_path / "out"))
+    result = _gpu_check(
+        tmp_path, DEVICE="cpu", WHEELHOUSE=str(tmp_path / "wheels"), OUT_DIR=str(tmp_path / "out")
+    )
     assert result.returncode == 1 and "holds no .whl files" in result.stderr
 
 
 def test_bench_names_come_from_the_registry_and_select_by_the_recipe(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Every registered backend is a bench row under its own name, each row is the recipe
     override `train` would take, and the CLI's help lists these names."""
     from stallfree.cli import main

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.check import check_dataset
 from stallfree.data.imageio import BadImageError
@@ -29,7 +29,7 @@ def _odd_files() -> dict[str, tuple[bytes | Image.Image, str]]:
     """name -> (content, the problem kind the checker must report; "" for a good file)."""
     bomb = bytearray(_jpeg((16, 16)))
     sof = bomb.index(b"\xff\xc0")
-    bomb[sof + 5:sof + 9] = struct.pack(">HH", 30000, 30000)
+    bomb[sof + 5 : sof + 9] = struct.pack(">HH", 30000, 30000)
     grey16 = Image.fromarray((np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16))
     palette = Image.new("P", (32, 32), 3)
     palette.info["transparency"] = 3
@@ -63,8 +63,7 @@ def _write(root: Path) -> dict[str, str]:
     return expected
 
 
-def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(
-        tmp_path: Path) -> None:
+def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(tmp_path: Path) -> None:
     expected = _write(tmp_path)
     report = check_dataset(tmp_path, workers=2, progress=False)
     from stallfree.data.check import kind_of
@@ -77,16 +76,34 @@ def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_the_clean_list_trains_under_both_loaders(tmp_path: Path, backend: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_clean_list_trains_under_both_loaders(
+    tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     _write(tmp_path / "data")
     clean = tmp_path / "clean.txt"
-    assert main(["data", "check", str(tmp_path / "data"), "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 1  # bad files exist: exit 1
+    assert (
+        main(
+            [
+                "data",
+                "check",
+                str(tmp_path / "data"),
+                "--workers",
+                "1",
+                "--no-progress",
+                "--write-list",
+                str(clean),
+            ]
+        )
+        == 1
+    )  # bad files exist: exit 1
     out = capsys.readouterr().out
     assert "BAD" in out and "truncated: 1" in out and "over the pixel limit: 1" in out
-    recipe = small_recipe(tmp_path / "data", data={"file_list": str(clean)},
-                          loader={"backend": backend}, train={"batch_size": 2})
+    recipe = small_recipe(
+        tmp_path / "data",
+        data={"file_list": str(clean)},
+        loader={"backend": backend},
+        train={"batch_size": 2},
+    )
     loader = build_loader(recipe, "train", device=torch.device("cpu"))
     assert sum(b.labels.numel() for b in loader) == 6  # 3 ok + cmyk, grey16, palette, good: 7 -> 3 x 2
     loader.close()
@@ -132,8 +149,7 @@ def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
     from stallfree.train.run import train
 
     _root_with_bad_train_files(tmp_path / "data")
-    recipe = small_recipe(tmp_path / "data", data={"on_error": "skip"},
-                          train={"batch_size": 4, "epochs": 2})
+    recipe = small_recipe(tmp_path / "data", data={"on_error": "skip"}, train={"batch_size": 4, "epochs": 2})
     with pytest.warns(UserWarning):
         train(recipe, tmp_path / "run", progress=False)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -141,14 +157,16 @@ def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
 
 
 @pytest.mark.dali
-def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skip_on_dali_reads_a_checked_list_and_caches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stallfree.data.startup as startup
 
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _root_with_bad_train_files(tmp_path / "data")
-    recipe = small_recipe(tmp_path / "data", data={"on_error": "skip"},
-                          loader={"backend": "dali"}, train={"batch_size": 2})
+    recipe = small_recipe(
+        tmp_path / "data", data={"on_error": "skip"}, loader={"backend": "dali"}, train={"batch_size": 2}
+    )
     with pytest.warns(UserWarning, match="2 file.*left out"):
         loader = build_loader(recipe, "train", device=torch.device("cpu"))
     assert len(loader) == 5 and sum(b.labels.numel() for b in loader) == 10
@@ -163,7 +181,8 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(tmp_path: Path,
 
 
 def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 24 (13): `data pack` killed (SIGKILL) after its first split leaves its staging
     folder beside OUT; `data check OUT` names it, and the next `data pack` removes it."""
     import subprocess
@@ -175,11 +194,13 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
         for k in range(n):
             (root / split / "a" / f"{k}.jpg").write_bytes(_jpeg())
     out = tmp_path / "shards"
-    script = ("import os, signal\nimport stallfree.data.pack as p\nwrite = p.pack_split\n"
-              "def killed(*args, **kwargs):\n    write(*args, **kwargs)\n"
-              "    os.kill(os.getpid(), signal.SIGKILL)\n"
-              "p.pack_split = killed\n"
-              f"p.pack_dataset({str(root)!r}, {str(out)!r}, shard_bytes=1 << 20, progress=False)\n")
+    script = (
+        "import os, signal\nimport stallfree.data.pack as p\nwrite = p.pack_split\n"
+        "def killed(*args, **kwargs):\n    write(*args, **kwargs)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "p.pack_split = killed\n"
+        f"p.pack_dataset({str(root)!r}, {str(out)!r}, shard_bytes=1 << 20, progress=False)\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == -9
     left = list(tmp_path.glob(".shards.packing-*"))

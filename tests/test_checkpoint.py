@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe, train_until_logged
+
 from stallfree.errors import RunDirError
-from stallfree.train.checkpoint import CheckpointError, Checkpointer, load_checkpoint
+from stallfree.train.checkpoint import Checkpointer, CheckpointError, load_checkpoint
 from stallfree.train.resume import PREEMPTED_EXIT_CODE, ResumeError
 from stallfree.train.run import train
 
@@ -46,7 +46,8 @@ def test_corrupt_newest_falls_back_to_the_previous(tmp_path: Path) -> None:
 
 
 def test_crash_between_write_and_rename_keeps_the_old_checkpoint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save(_state(1.0), 1)
 
@@ -78,9 +79,12 @@ def test_pickled_objects_are_refused(tmp_path: Path) -> None:
 
 def _resume_recipe(root: Path, backend: str):
     # 60 images / batch 8 = 7 batches; accum 2 -> windows 2,2,2,1 = 4 optimizer steps an epoch.
-    return small_recipe(root, train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1,
-                                     "keep_checkpoints": 20, "log_every": 1},
-                        loader={"backend": backend}, optim={"name": "sgd", "lr": 0.05})
+    return small_recipe(
+        root,
+        train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1, "keep_checkpoints": 20, "log_every": 1},
+        loader={"backend": backend},
+        optim={"name": "sgd", "lr": 0.05},
+    )
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -108,8 +112,9 @@ def test_resume_mid_epoch_is_bitwise_equal(image_root: Path, tmp_path: Path, bac
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_resume_is_bitwise_with_dropout_and_torch_workers(image_root: Path, tmp_path: Path,
-                                                          workers: int) -> None:
+def test_resume_is_bitwise_with_dropout_and_torch_workers(
+    image_root: Path, tmp_path: Path, workers: int
+) -> None:
     """Dropout draws from torch's generator in forward: nothing may draw from it between the
     restore and the first step (a DataLoader's iterator once did, for its workers' seed)."""
     recipe = _resume_recipe(image_root, "torch")
@@ -149,8 +154,7 @@ def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) ->
     steps_done = state["counters"]["optimizer_steps"]
     assert 0 < steps_done < 8 * 15  # stopped mid-run, not at the end
     assert state["ranks"][0]["loader"]["position"] > 0 or steps_done % 15 == 0
-    resumed = subprocess.run(cmd + ["--resume", "auto"], capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(cmd + ["--resume", "auto"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["optimizer_steps"] == 8 * 15
@@ -195,13 +199,20 @@ def test_resume_cuts_metrics_back_to_the_checkpoint(image_root: Path, tmp_path: 
 
 
 def _resume_split_recipe(root: Path, batch: int, accum: int):
-    return small_recipe(root, train={"epochs": 2, "batch_size": batch, "accum_steps": accum,
-                                     "ckpt_every_steps": 1, "keep_checkpoints": 20})
+    return small_recipe(
+        root,
+        train={
+            "epochs": 2,
+            "batch_size": batch,
+            "accum_steps": accum,
+            "ckpt_every_steps": 1,
+            "keep_checkpoints": 20,
+        },
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_resume_with_another_micro_batch_split(image_root: Path, tmp_path: Path,
-                                               backend: str) -> None:
+def test_resume_with_another_micro_batch_split(image_root: Path, tmp_path: Path, backend: str) -> None:
     # 60 samples, global batch 16: 7 micro-batches of 8 (windows 2,2,2,1) or 15 of 4 (4,4,4,3),
     # 4 steps an epoch either way. Step 2 has consumed 32 samples; 28 remain: windows 4,3.
     old = _resume_split_recipe(image_root, 8, 2)
@@ -235,8 +246,9 @@ def test_a_checkpoint_counting_batches_is_refused(image_root: Path, tmp_path: Pa
 def test_sigterm_to_the_whole_process_group_with_workers(image_root: Path, tmp_path: Path) -> None:
     """As a scheduler signals: the DataLoader workers get SIGTERM too, and must not end the run
     before the main process has saved."""
-    recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1},
-                          loader={"torch": {"workers": 1}})
+    recipe = small_recipe(
+        image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1}, loader={"torch": {"workers": 1}}
+    )
     proc, _, run = train_until_logged(recipe, tmp_path, records=3, new_session=True)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -245,8 +257,9 @@ def test_sigterm_to_the_whole_process_group_with_workers(image_root: Path, tmp_p
     assert Checkpointer(run / "checkpoints").load_latest() is not None
 
 
-def test_best_checkpoint_keeps_the_best_epoch(image_root: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_best_checkpoint_keeps_the_best_epoch(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """best.pt holds the weights of the epoch with the best val top-1, survives pruning and
     is what `stallfree eval` reads; every validation record carries val_loss."""
     import stallfree.train.trainer as trainer_module
@@ -258,12 +271,14 @@ def test_best_checkpoint_keeps_the_best_epoch(image_root: Path, tmp_path: Path,
         return {**evaluate_model(*args, **kwargs), "val_top1": next(scripted)}
 
     monkeypatch.setattr(trainer_module, "evaluate_model", scripted_eval)
-    recipe = small_recipe(image_root, train={"epochs": 3, "keep_checkpoints": 2,
-                                             "ckpt_every_steps": 1})
+    recipe = small_recipe(image_root, train={"epochs": 3, "keep_checkpoints": 2, "ckpt_every_steps": 1})
     run = tmp_path / "run"
     train(recipe, run, progress=False)
     assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == [
-        "best.pt", "ckpt-000000020.pt", "ckpt-000000021.pt"]  # pruned around it
+        "best.pt",
+        "ckpt-000000020.pt",
+        "ckpt-000000021.pt",
+    ]  # pruned around it
     best = load_checkpoint(run / "checkpoints" / "best.pt")
     assert (best["epoch"], best["val_top1"]) == (1, 0.5)
     last = load_checkpoint(run / "checkpoints" / "ckpt-000000021.pt")
@@ -277,8 +292,9 @@ def test_best_checkpoint_keeps_the_best_epoch(image_root: Path, tmp_path: Path,
     assert evaluate_checkpoint(recipe, run / "checkpoints" / "best.pt")["samples"] == 30
 
 
-def test_export_and_fine_tune_from_a_run(image_root: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_and_fine_tune_from_a_run(
+    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`stallfree export` writes weights that load and a TorchScript that computes the same
     logits; `model.init_from` starts a 12-class run from the 10-class run's weights."""
     from stallfree.cli import main
@@ -299,8 +315,9 @@ def test_export_and_fine_tune_from_a_run(image_root: Path, tmp_path: Path,
     assert torch.allclose(model.eval()(x), scripted(x), atol=1e-5)
     assert "wrote state_dict.pt" in capsys.readouterr().out
 
-    tuned = small_recipe(image_root, model={"name": "small_cnn", "num_classes": 12,
-                                            "init_from": str(out / "state_dict.pt")})
+    tuned = small_recipe(
+        image_root, model={"name": "small_cnn", "num_classes": 12, "init_from": str(out / "state_dict.pt")}
+    )
     with pytest.warns(UserWarning, match="head.3.bias, head.3.weight differ in shape"):
         summary = train(tuned, tmp_path / "tuned", progress=False)
     assert summary["optimizer_steps"] == 7

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 
 import stallfree.data.startup as startup
-from helpers import small_recipe
 from stallfree.data.imageio import BadImageError, bad_headers
 from stallfree.data.loader import build_loader
 from stallfree.recipe import dump_toml
@@ -44,8 +44,9 @@ def _fail(*_: object, **__: object) -> None:
     raise AssertionError("headers were checked again")
 
 
-def test_the_header_check_runs_once_per_dataset_state(image_root: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_header_check_runs_once_per_dataset_state(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = _copy_root(image_root, tmp_path / "data")
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     recipe = small_recipe(root, train={"batch_size": 4})
@@ -63,13 +64,18 @@ def test_the_header_check_runs_once_per_dataset_state(image_root: Path, tmp_path
         build_loader(recipe, "train", device=CPU)
 
 
-def test_a_data_check_list_needs_no_header_check(image_root: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_data_check_list_needs_no_header_check(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stallfree.cli import main
 
     clean = tmp_path / "clean.txt"
-    assert main(["data", "check", str(image_root), "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 0
+    assert (
+        main(
+            ["data", "check", str(image_root), "--workers", "1", "--no-progress", "--write-list", str(clean)]
+        )
+        == 0
+    )
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(startup, "bad_headers", _fail)
     recipe = small_recipe(image_root, data={"file_list": str(clean)}, train={"batch_size": 4})
@@ -77,14 +83,16 @@ def test_a_data_check_list_needs_no_header_check(image_root: Path, tmp_path: Pat
     assert sum(b.labels.numel() for b in loader) == 60  # every listed image, unchecked
     loader.close()
     # Another pixel limit than the list was checked under: checked at start after all.
-    other = small_recipe(image_root, data={"file_list": str(clean), "max_pixels": 10**7},
-                         train={"batch_size": 4})
+    other = small_recipe(
+        image_root, data={"file_list": str(clean), "max_pixels": 10**7}, train={"batch_size": 4}
+    )
     with pytest.raises(AssertionError, match="checked again"):
         build_loader(other, "train", device=CPU)
 
 
-def test_a_finished_run_exits_before_listing_anything(image_root: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_finished_run_exits_before_listing_anything(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stallfree.train.build as build_module
 
     recipe = small_recipe(image_root, train={"batch_size": 8})
@@ -106,24 +114,30 @@ def test_the_requeue_loop_stops_on_a_failing_start(image_root: Path, tmp_path: P
     run = tmp_path / "run"
     run.mkdir()
     (run / "preempted.json").write_text('{"signal": "SIGTERM"}')
-    loop = (f'n=0; until n=$((n+1)); [ $n -le 3 ] || exit 99; {sys.executable} -m stallfree '
-            f'train {recipe} --out {run} --resume auto --no-progress; do code=$?; '
-            f'[ "$code" -eq 75 ] || [ -f {run}/preempted.json ] || exit "$code"; done')
+    loop = (
+        f"n=0; until n=$((n+1)); [ $n -le 3 ] || exit 99; {sys.executable} -m stallfree "
+        f"train {recipe} --out {run} --resume auto --no-progress; do code=$?; "
+        f'[ "$code" -eq 75 ] || [ -f {run}/preempted.json ] || exit "$code"; done'
+    )
     done = subprocess.run(["bash", "-c", loop], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]  # once, with the start's own error
     assert done.stderr.count("stallfree: error:") == 1
     assert not (run / "preempted.json").exists()
 
 
-def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Path,
-                                                                  tmp_path: Path) -> None:
-    recipe = small_recipe(image_root, optim={"warmup_steps": 1000},  # warns: past the run
-                          train={"epochs": 2, "batch_size": 4, "log_every": 2})
+def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Path, tmp_path: Path) -> None:
+    recipe = small_recipe(
+        image_root,
+        optim={"warmup_steps": 1000},  # warns: past the run
+        train={"epochs": 2, "batch_size": 4, "log_every": 2},
+    )
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(recipe))
     log = tmp_path / "log"
-    command = (f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --standalone "
-               f"-m stallfree train {path} --out {tmp_path / 'run'} > {log} 2>&1")
+    command = (
+        f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --standalone "
+        f"-m stallfree train {path} --out {tmp_path / 'run'} > {log} 2>&1"
+    )
     done = subprocess.run(["bash", "-c", command], timeout=300, check=False)
     text = log.read_text()
     assert done.returncode == 0, text[-3000:]
@@ -144,10 +158,27 @@ def test_a_recipe_error_under_torchrun_is_said_once(image_root: Path, tmp_path: 
     without a word."""
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(small_recipe(image_root)))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--standalone", "-m", "stallfree", "train", str(path), "--out",
-                           str(tmp_path / "run"), "--set", "train.batch_size=abc"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            "-m",
+            "stallfree",
+            "train",
+            str(path),
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            "train.batch_size=abc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in done.stderr.splitlines() if "stallfree" in line and "error:" in line]
     assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
     assert "train.batch_size" in errors[0] and "[rank 1]" not in errors[0]
@@ -207,16 +238,16 @@ def _kill_tree(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
 
 
-def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: Path,
-                                                                     tmp_path: Path) -> None:
+def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: Path, tmp_path: Path) -> None:
     """Rank 0's first micro-batch is all bad files, rank 1's is clean, a record every step:
     both ranks must run the same collectives (the skipped-count sum) whatever their data."""
     from stallfree.data.dataset import resolve_dataset
     from stallfree.data.sharding import ShardPlan, epoch_permutation
 
     root = _copy_root(image_root, tmp_path / "data")
-    recipe = small_recipe(root, data={"on_error": "skip"},
-                          train={"batch_size": 4, "log_every": 1, "epochs": 1})
+    recipe = small_recipe(
+        root, data={"on_error": "skip"}, train={"batch_size": 4, "log_every": 1, "epochs": 1}
+    )
     listing = resolve_dataset(recipe.data).splits["train"]
     order, _ = epoch_permutation(len(listing), seed=recipe.train.seed, epoch=0, shuffle=True)
     first = next(iter(ShardPlan(len(listing), 4, rank=0, world_size=2).batches(order, 0)))
@@ -228,10 +259,25 @@ def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: 
     run = tmp_path / "run"
     log = tmp_path / "log"
     with log.open("w") as out:  # a file, not a pipe: a stuck rank would hold a pipe open
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                                 "2", "--standalone", "-m", "stallfree", "train", str(path),
-                                 "--out", str(run), "--no-progress"], stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--standalone",
+                "-m",
+                "stallfree",
+                "train",
+                str(path),
+                "--out",
+                str(run),
+                "--no-progress",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         proc.wait(timeout=90)  # a clean run takes well under a minute on 2 busy cores
     except subprocess.TimeoutExpired:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
 
@@ -18,8 +18,9 @@ CPU = torch.device("cpu")
 RAW_PIXELS = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}  # "normalised" = uint8 values
 
 
-def _all(recipe, split: str, backend: str, dist: DistInfo | None = None, epoch: int = 0,
-         device: torch.device = CPU) -> tuple[torch.Tensor, torch.Tensor]:
+def _all(
+    recipe, split: str, backend: str, dist: DistInfo | None = None, epoch: int = 0, device: torch.device = CPU
+) -> tuple[torch.Tensor, torch.Tensor]:
     recipe.loader.backend = backend
     loader = build_loader(recipe, split, device=device, dist=dist or DistInfo())
     loader.set_epoch(epoch)
@@ -98,8 +99,9 @@ def _odd_images(root: Path) -> dict[str, Path]:
 def test_odd_inputs_decode_to_rgb_in_both_backends(tmp_path: Path) -> None:
     _odd_images(tmp_path)
     # Non-square output would reveal a missed EXIF rotation: use a tall crop region via val.
-    recipe = small_recipe(tmp_path, augment={"image_size": 64, "resize_size": 64, **RAW_PIXELS},
-                          train={"batch_size": 7})
+    recipe = small_recipe(
+        tmp_path, augment={"image_size": 64, "resize_size": 64, **RAW_PIXELS}, train={"batch_size": 7}
+    )
     results = {b: _all(recipe, "val", b)[0] for b in ("dali", "torch")}
     for images in results.values():
         assert images.shape == (7, 3, 64, 64)
@@ -116,8 +118,9 @@ def test_exif_rotation_is_applied(tmp_path: Path) -> None:
     files = _odd_images(tmp_path)
     stored = Image.open(files["exif"])
     assert stored.size == (240, 180)  # stored landscape, displayed portrait
-    recipe = small_recipe(tmp_path, augment={"image_size": 64, "resize_size": 64, **RAW_PIXELS},
-                          train={"batch_size": 7})
+    recipe = small_recipe(
+        tmp_path, augment={"image_size": 64, "resize_size": 64, **RAW_PIXELS}, train={"batch_size": 7}
+    )
     images, _ = _all(recipe, "val", "dali")
     torch_images, _ = _all(recipe, "val", "torch")
     names = sorted(p.name for p in files.values())
@@ -134,10 +137,12 @@ def test_channels_last_output(image_root: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("decode", ["auto", "cpu"])
-@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
-                                             ("fp32", torch.float32)])
-def test_gpu_pipeline_outputs_on_cuda(image_root: Path, decode: str, precision: str,
-                                      dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+)
+def test_gpu_pipeline_outputs_on_cuda(
+    image_root: Path, decode: str, precision: str, dtype: torch.dtype
+) -> None:
     recipe = small_recipe(image_root, loader={"dali": {"decode": decode}}, train={"precision": precision})
     images, labels = _all(recipe, "train", "dali", device=torch.device("cuda"))
     assert images.is_cuda and labels.is_cuda
@@ -167,8 +172,7 @@ def test_one_pipeline_serves_the_whole_run(image_root: Path, monkeypatch: pytest
 
     builds = []
     original = dali_backend.image_pipeline
-    monkeypatch.setattr(dali_backend, "image_pipeline",
-                        lambda **kw: builds.append(1) or original(**kw))
+    monkeypatch.setattr(dali_backend, "image_pipeline", lambda **kw: builds.append(1) or original(**kw))
     recipe = small_recipe(image_root, loader={"backend": "dali"}, augment=RAW_PIXELS)
     loader = build_loader(recipe, "train", device=CPU)
     reference = build_loader(small_recipe(image_root, augment=RAW_PIXELS), "train", device=CPU)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.data.dataset import DatasetError, list_split, resolve_dataset
 from stallfree.data.loader import build_loader
 from stallfree.recipe import DataConfig
@@ -71,8 +71,7 @@ def _two_class_root(root: Path) -> None:
         _img(root / "val" / "bee" / f"{i}.png", 200)  # val lacks the first class
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali),
-                                     "synthetic"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali), "synthetic"])
 def test_val_labels_follow_train_classes(tmp_path: Path, backend: str) -> None:
     _two_class_root(tmp_path)
     with pytest.warns(UserWarning, match="no folder or no images for 1 training class.*ant"):

@@ -40,10 +40,10 @@ def _dali(paths: list[Path], aug: AugmentConfig | None = None) -> list[np.ndarra
         data, _ = fn.readers.file(files=[str(p) for p in paths])
         images = fn.decoders.image(data, device="cpu", output_type=types.RGB)
         if aug is not None:
-            images = fn.resize(images, resize_shorter=aug.resize_size,
-                               interp_type=types.INTERP_LINEAR, antialias=True)
-            images = fn.crop(images, crop=(aug.image_size, aug.image_size),
-                             crop_pos_x=0.5, crop_pos_y=0.5)
+            images = fn.resize(
+                images, resize_shorter=aug.resize_size, interp_type=types.INTERP_LINEAR, antialias=True
+            )
+            images = fn.crop(images, crop=(aug.image_size, aug.image_size), crop_pos_x=0.5, crop_pos_y=0.5)
         return images
 
     p = pipe()
@@ -52,9 +52,9 @@ def _dali(paths: list[Path], aug: AugmentConfig | None = None) -> list[np.ndarra
     return [np.array(out.at(i)) for i in range(len(paths))]
 
 
-def _png(path: Path, pixels: np.ndarray, bits: int, color_type: int,
-         trns: bytes | None = None) -> Path:
+def _png(path: Path, pixels: np.ndarray, bits: int, color_type: int, trns: bytes | None = None) -> Path:
     """A PNG written byte by byte (PIL cannot write 16-bit RGB or every tRNS form)."""
+
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
@@ -63,8 +63,7 @@ def _png(path: Path, pixels: np.ndarray, bits: int, color_type: int,
     rows = b"".join(b"\x00" + row.astype(dtype).tobytes() for row in pixels.reshape(h, -1))
     body = chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, bits, color_type, 0, 0, 0))
     body += chunk(b"tRNS", trns) if trns is not None else b""
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body + chunk(b"IDAT", zlib.compress(rows))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
     return path
 
 
@@ -107,8 +106,17 @@ def _write_kind(tmp_path: Path, kind: str) -> Path:
     return path
 
 
-PIXEL_KINDS = ["gray16_png", "rgb16_png", "gray16_tiff", "gray_trns_png", "rgb_trns_png",
-               "palette_trns_png", "la_png", "rgba_png", "one_bit_png"]
+PIXEL_KINDS = [
+    "gray16_png",
+    "rgb16_png",
+    "gray16_tiff",
+    "gray_trns_png",
+    "rgb_trns_png",
+    "palette_trns_png",
+    "la_png",
+    "rgba_png",
+    "one_bit_png",
+]
 
 
 @pytest.mark.dali
@@ -121,7 +129,8 @@ def test_torch_val_pixels_match_dali(tmp_path: Path, kind: str) -> None:
     diff = np.abs(torch_val - dali_val).mean()
     assert abs(torch_val.mean() - dali_val.mean()) < 2 and diff < 2, (
         f"{kind}: torch mean {torch_val.mean():.1f}, DALI mean {dali_val.mean():.1f}, "
-        f"mean abs difference {diff:.2f}")
+        f"mean abs difference {diff:.2f}"
+    )
 
 
 @pytest.mark.dali
@@ -145,8 +154,7 @@ def test_16_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
     assert row[0] == 0 and row[-1] == 255 and np.all(np.diff(row) >= 0)
 
 
-@pytest.mark.parametrize("kind", ["gray_trns_png", "rgb_trns_png", "palette_trns_png",
-                                  "la_png", "rgba_png"])
+@pytest.mark.parametrize("kind", ["gray_trns_png", "rgb_trns_png", "palette_trns_png", "la_png", "rgba_png"])
 def test_transparency_keeps_the_stored_colours(tmp_path: Path, kind: str) -> None:
     # DALI ignores alpha and tRNS; a background composite (grey, white or black) would differ.
     path = _write_kind(tmp_path, kind)
@@ -159,6 +167,7 @@ def test_transparency_keeps_the_stored_colours(tmp_path: Path, kind: str) -> Non
 
 # --- which files are accepted ------------------------------------------------------------------
 
+
 def _write_format(tmp_path: Path, fmt: str) -> Path:
     img = Image.fromarray(_rgb8())
     suffix = {"JPEG2000": "jp2", "MPO": "mpo", "PPM": "ppm", "TIFF": "tif"}.get(fmt, fmt.lower())
@@ -168,8 +177,7 @@ def _write_format(tmp_path: Path, fmt: str) -> Path:
     return path
 
 
-WRITABLE = ["JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "JPEG2000",
-            "GIF", "ICO", "TGA", "PCX"]
+WRITABLE = ["JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "JPEG2000", "GIF", "ICO", "TGA", "PCX"]
 
 
 def _can_write(fmt: str) -> bool:
@@ -212,8 +220,13 @@ def test_image_extensions_name_accepted_formats() -> None:
 def _write_refused(tmp_path: Path, kind: str) -> Path:
     """Files of accepted formats whose pixels DALI cannot decode, or decodes differently."""
     grey = _X.astype(np.uint8)
-    suffix = {"webp_lossless_exif": "webp", "webp_exif_rotated": "webp", "pgm_maxval_100": "pgm",
-              "apng": "png", "jpeg_junk_between_segments": "jpg"}.get(kind, "tif")
+    suffix = {
+        "webp_lossless_exif": "webp",
+        "webp_exif_rotated": "webp",
+        "pgm_maxval_100": "pgm",
+        "apng": "png",
+        "jpeg_junk_between_segments": "jpg",
+    }.get(kind, "tif")
     path = tmp_path / f"{kind}.{suffix}"
     if kind == "tiff_float":  # DALI scales 0..1 floats to 0..255; PIL clips 0..255
         Image.fromarray(_X.astype(np.float32) / 255).save(path)
@@ -248,13 +261,18 @@ def _write_refused(tmp_path: Path, kind: str) -> Path:
     return path
 
 
-REFUSED = {"tiff_float": "pixel mode F", "tiff_int32": "pixel mode I",
-           "tiff_grey_alpha": "grey+alpha", "tiff_1bit_raw": "BitsPerSample",
-           "pgm_maxval_100": "maxval 100",
-           "webp_lossless_exif": "lossless WebP with EXIF",
-           "webp_exif_rotated": "WebP with an EXIF rotation", "apng": "animated PNG",
-           "jpeg_junk_between_segments": "junk bytes between JPEG header segments",
-           "tiff_multipage": "multi-page TIFF"}
+REFUSED = {
+    "tiff_float": "pixel mode F",
+    "tiff_int32": "pixel mode I",
+    "tiff_grey_alpha": "grey+alpha",
+    "tiff_1bit_raw": "BitsPerSample",
+    "pgm_maxval_100": "maxval 100",
+    "webp_lossless_exif": "lossless WebP with EXIF",
+    "webp_exif_rotated": "WebP with an EXIF rotation",
+    "apng": "animated PNG",
+    "jpeg_junk_between_segments": "junk bytes between JPEG header segments",
+    "tiff_multipage": "multi-page TIFF",
+}
 # Refused as a precaution: DALI decodes well-formed ones, but not every malformed one.
 _PRECAUTION = {"apng", "tiff_multipage", "webp_exif_rotated"}
 
@@ -284,13 +302,14 @@ def test_refused_kinds_really_fail_or_differ_in_dali(tmp_path: Path, kind: str) 
 
 # --- bad files: named, one line, before any decoding ---------------------------------------------
 
+
 def _jpeg_claiming(tmp_path: Path, width: int, height: int) -> Path:
     """A ~1 KB JPEG whose SOF0 header claims width x height: a decompression bomb's header."""
     buf = io.BytesIO()
     Image.fromarray(_rgb8()[:16, :16]).save(buf, "JPEG", quality=90)
     data = bytearray(buf.getvalue())
     sof = data.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
-    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     path = tmp_path / "bomb.jpg"
     path.write_bytes(bytes(data))
     return path
@@ -325,8 +344,10 @@ def test_gif_is_refused_by_name(tmp_path: Path) -> None:
 def test_decompression_bomb_header_is_refused_before_decoding(tmp_path: Path) -> None:
     path = _jpeg_claiming(tmp_path, 30000, 30000)
     assert path.stat().st_size < 2048
-    expected = (f"{path}: 30000x30000 = 900000000 pixels is over data.max_pixels "
-                f"({DEFAULT_MAX_PIXELS}): a decompression bomb or an oversized image")
+    expected = (
+        f"{path}: 30000x30000 = 900000000 pixels is over data.max_pixels "
+        f"({DEFAULT_MAX_PIXELS}): a decompression bomb or an oversized image"
+    )
     with pytest.raises(BadImageError) as info:
         check_header(str(path))
     assert str(info.value) == expected
@@ -350,8 +371,9 @@ def test_max_pixels_override(tmp_path: Path) -> None:
     assert val_transform(str(small), AUG, max_pixels=16_384).shape == (48, 48, 3)
 
 
-def test_a_raised_max_pixels_is_not_refused_again_by_pil(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_raised_max_pixels_is_not_refused_again_by_pil(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # PIL alone would refuse 16384 pixels
     small = _write_format(tmp_path, "TIFF")
     assert np.asarray(open_rgb(str(small), max_pixels=20_000)).shape == (64, 256, 3)
@@ -366,8 +388,11 @@ def test_truncated_jpeg_passes_the_header_check_but_not_the_decode(tmp_path: Pat
     path = tmp_path / "truncated.jpg"
     path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
     assert check_header(str(path)) == (256, 64)
-    for decode in (lambda: open_rgb(str(path)), lambda: val_transform(str(path), AUG),
-                   lambda: train_transform(str(path), AUG, 0)):
+    for decode in (
+        lambda: open_rgb(str(path)),
+        lambda: val_transform(str(path), AUG),
+        lambda: train_transform(str(path), AUG, 0),
+    ):
         with pytest.raises(BadImageError) as info:
             decode()
         message = str(info.value)
@@ -384,12 +409,17 @@ def test_bad_image_error_survives_pickling_and_a_one_argument_rebuild() -> None:
     import pickle
 
     err = pickle.loads(pickle.dumps(BadImageError("/data/a.jpg", "empty file (0 bytes)")))
-    assert (err.path, err.reason, str(err)) == ("/data/a.jpg", "empty file (0 bytes)",
-                                                "/data/a.jpg: empty file (0 bytes)")
+    assert (err.path, err.reason, str(err)) == (
+        "/data/a.jpg",
+        "empty file (0 bytes)",
+        "/data/a.jpg: empty file (0 bytes)",
+    )
     assert isinstance(err, ValueError)
     # torch's DataLoader re-raises a worker's exception as type(exc)(message)
-    assert str(BadImageError("Caught BadImageError in DataLoader worker")) == \
-        "Caught BadImageError in DataLoader worker"
+    assert (
+        str(BadImageError("Caught BadImageError in DataLoader worker"))
+        == "Caught BadImageError in DataLoader worker"
+    )
 
 
 def _peak_rss_mib() -> float:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.errors import DeviceError
 from stallfree.metrics import GpuMonitor
@@ -26,36 +26,42 @@ def _reference(images: torch.Tensor) -> torch.Tensor:
 
 def _uint8_batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return (torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8, generator=g),
-            torch.arange(4))
+    return (torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8, generator=g), torch.arange(4))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_prefetcher_normalises_like_the_reference(device: str, dtype: torch.dtype,
-                                                  channels_last: bool) -> None:
+def test_prefetcher_normalises_like_the_reference(
+    device: str, dtype: torch.dtype, channels_last: bool
+) -> None:
     images, labels = _uint8_batch()
     prefetcher = DevicePrefetcher(torch.device(device), MEAN, STD, dtype, channels_last)
     batches = list(prefetcher([(images.pin_memory() if device == "cuda" else images, labels)]))
     out = batches[0]
     assert out.images.device.type == device and out.images.dtype == dtype
-    assert out.images.is_contiguous(memory_format=torch.channels_last if channels_last
-                                    else torch.contiguous_format)
+    assert out.images.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     assert torch.allclose(out.images.float().cpu(), _reference(images), atol=tolerance)
     assert torch.equal(out.labels.cpu(), labels)
 
 
-@pytest.mark.parametrize("local_rank, local_world, visible, expected", [
-    (3, 8, 8, 3),   # torchrun, every GPU visible: LOCAL_RANK
-    (3, 4, 1, 0),   # Slurm --gpus-per-task=1: one visible GPU per task
-    (0, 1, 2, 0),
-])
-def test_local_rank_maps_into_the_visible_devices(local_rank: int, local_world: int,
-                                                  visible: int, expected: int) -> None:
-    info = DistInfo(rank=local_rank, world_size=local_world, local_rank=local_rank,
-                    local_world_size=local_world)
+@pytest.mark.parametrize(
+    "local_rank, local_world, visible, expected",
+    [
+        (3, 8, 8, 3),  # torchrun, every GPU visible: LOCAL_RANK
+        (3, 4, 1, 0),  # Slurm --gpus-per-task=1: one visible GPU per task
+        (0, 1, 2, 0),
+    ],
+)
+def test_local_rank_maps_into_the_visible_devices(
+    local_rank: int, local_world: int, visible: int, expected: int
+) -> None:
+    info = DistInfo(
+        rank=local_rank, world_size=local_world, local_rank=local_rank, local_world_size=local_world
+    )
     assert local_cuda_index(info, visible) == expected
 
 
@@ -88,12 +94,14 @@ def test_rng_state_holds_only_this_ranks_cuda_device() -> None:
 
 
 @pytest.mark.dali
-def test_dali_memory_errors_are_not_reported_as_bad_files(image_root: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dali_memory_errors_are_not_reported_as_bad_files(
+    image_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stallfree.data.loader import build_loader
 
-    loader = build_loader(small_recipe(image_root, loader={"backend": "dali"}), "train",
-                          device=torch.device("cpu"))
+    loader = build_loader(
+        small_recipe(image_root, loader={"backend": "dali"}), "train", device=torch.device("cpu")
+    )
 
     def out_of_memory() -> object:
         raise RuntimeError("CUDA error: out of memory (cudaErrorMemoryAllocation)")
@@ -108,8 +116,7 @@ def test_dali_memory_errors_are_not_reported_as_bad_files(image_root: Path,
 def test_gpu_precision_auto_and_cudnn_benchmark(image_root: Path, tmp_path: Path) -> None:
     from stallfree.train.run import train
 
-    recipe = small_recipe(image_root, train={"device": "cuda", "precision": "auto",
-                                             "batch_size": 16})
+    recipe = small_recipe(image_root, train={"device": "cuda", "precision": "auto", "batch_size": 16})
     summary = train(recipe, tmp_path / "run", progress=False)
     assert summary["precision"] in ("bf16", "fp16") and summary["device"].startswith("cuda")
     assert torch.backends.cudnn.benchmark
@@ -117,8 +124,9 @@ def test_gpu_precision_auto_and_cudnn_benchmark(image_root: Path, tmp_path: Path
 
 @pytest.mark.parametrize("in_worker", [False, True])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_worker_normalisation_equals_the_device_one(monkeypatch: pytest.MonkeyPatch,
-                                                    in_worker: bool, channels_last: bool) -> None:
+def test_worker_normalisation_equals_the_device_one(
+    monkeypatch: pytest.MonkeyPatch, in_worker: bool, channels_last: bool
+) -> None:
     """A CPU run normalises in the workers (into shared memory there): the same numbers and
     layout as the GPU path's batch normalisation."""
     import numpy as np
@@ -132,6 +140,7 @@ def test_worker_normalisation_equals_the_device_one(monkeypatch: pytest.MonkeyPa
     images, labels = NormalisingCollate(MEAN, STD, channels_last)(items)
     expected = Normaliser(MEAN, STD, torch.float32, channels_last)(collate_uint8(items)[0])
     assert torch.allclose(images, expected, atol=1e-6) and images.shape == (5, 3, 12, 10)
-    assert images.is_contiguous(memory_format=torch.channels_last if channels_last
-                                else torch.contiguous_format)
+    assert images.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
     assert images.is_shared() == in_worker and labels.tolist() == [0, 1, 2, 3, 4]

@@ -24,8 +24,9 @@ def _hadolint() -> str:
 
 
 def test_dockerfile_is_hadolint_clean() -> None:
-    result = subprocess.run([_hadolint(), str(DOCKER / "Dockerfile")], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [_hadolint(), str(DOCKER / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

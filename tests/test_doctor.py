@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import small_recipe
+
 from stallfree.recipe import dump_toml
 
 
@@ -22,14 +22,24 @@ def _blocked(tmp_path: Path, *modules: str) -> dict[str, str]:
     stubs.mkdir(exist_ok=True)
     for name in modules:
         (stubs / f"{name}.py").write_text(
-            f"raise ModuleNotFoundError(\"No module named '{name}'\", name={name!r})\n")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(stubs), os.environ.get(
-        "PYTHONPATH", "")]), "STALLFREE_CACHE": str(tmp_path / "cache")}
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name={name!r})\n"
+        )
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")]),
+        "STALLFREE_CACHE": str(tmp_path / "cache"),
+    }
 
 
 def _stallfree(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stallfree", *args], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "stallfree", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_doctor_reports_every_check_in_seconds(tmp_path: Path) -> None:
@@ -45,7 +55,8 @@ def test_doctor_reports_every_check_in_seconds(tmp_path: Path) -> None:
 
 
 def test_without_tomli_w_doctor_warns_and_training_still_writes_its_recipe(
-        image_root: Path, tmp_path: Path) -> None:
+    image_root: Path, tmp_path: Path
+) -> None:
     env = _blocked(tmp_path, "tomli_w")
     assert "WARN  tomli-w" in _stallfree(env, "doctor").stdout
     recipe = tmp_path / "r.toml"
@@ -56,13 +67,14 @@ def test_without_tomli_w_doctor_warns_and_training_still_writes_its_recipe(
 
 
 @pytest.mark.dali
-def test_dali_without_optree_is_named_by_doctor_and_by_train(image_root: Path,
-                                                             tmp_path: Path) -> None:
+def test_dali_without_optree_is_named_by_doctor_and_by_train(image_root: Path, tmp_path: Path) -> None:
     env = _blocked(tmp_path, "optree")
     doctor = _stallfree(env, "doctor")
     assert doctor.returncode == 1
-    assert "FAIL  dali            installed but cannot import: missing module 'optree'" \
-        in doctor.stdout and "pip install optree" in doctor.stdout
+    assert (
+        "FAIL  dali            installed but cannot import: missing module 'optree'" in doctor.stdout
+        and "pip install optree" in doctor.stdout
+    )
     recipe = tmp_path / "r.toml"
     recipe.write_text(dump_toml(small_recipe(image_root, loader={"backend": "dali"})))
     done = _stallfree(env, "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress")
@@ -73,14 +85,17 @@ def test_dali_without_optree_is_named_by_doctor_and_by_train(image_root: Path,
 
 @pytest.mark.dali
 def test_a_library_dali_cannot_load_is_not_blamed_on_an_image(
-        image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    image_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What DALI says when nvImageCodec is missing from its tree: every pipeline fails to build.
     The first, perfectly good JPEG was named as a bad file before."""
     import stallfree.data.dali_probe as probe
     from stallfree.data.dali_probe import DaliEnvironmentError, first_undecodable
 
-    message = ("Critical error when building pipeline:\nError in CPU operator "
-               "`nvidia.dali.fn.decoders.image`: dlopen libnvimgcodec.so.0 failed!")
+    message = (
+        "Critical error when building pipeline:\nError in CPU operator "
+        "`nvidia.dali.fn.decoders.image`: dlopen libnvimgcodec.so.0 failed!"
+    )
 
     class Unbuildable:
         def build(self) -> None:
@@ -97,15 +112,38 @@ def test_a_library_dali_cannot_load_is_not_blamed_on_an_image(
 def test_a_bench_run_that_warned_is_shown_even_when_it_finished(tmp_path: Path) -> None:
     from stallfree.bench_report import markdown, summarise
 
-    record = {"backend": "dali", "mode": "loader", "knob": 2, "repeat": 0,
-              "images_per_s": 900.0, "cpu_cores": 1.0, "peak_pss_mb": 500.0,
-              "stderr": "[/opt/dali/nvjpeg.cc:12] Warning: Failed to load nvjpeg, falling back "
-                        "to the CPU decoder"}
-    result = {"machine": {"cpu": "x", "cores_available": 2, "gpu": None, "torch": "t",
-                          "dali": "d", "python": "p", "cpu_native_bf16": False},
-              "limit": None, "records": [record],
-              "config": {"repeats": 1, "warmup": 1, "batches": 1, "batch_size": 8,
-                         "model": "small_cnn", "image_size": 32, "precision": "fp32",
-                         "data_root": "d"}}
+    record = {
+        "backend": "dali",
+        "mode": "loader",
+        "knob": 2,
+        "repeat": 0,
+        "images_per_s": 900.0,
+        "cpu_cores": 1.0,
+        "peak_pss_mb": 500.0,
+        "stderr": "[/opt/dali/nvjpeg.cc:12] Warning: Failed to load nvjpeg, falling back to the CPU decoder",
+    }
+    result = {
+        "machine": {
+            "cpu": "x",
+            "cores_available": 2,
+            "gpu": None,
+            "torch": "t",
+            "dali": "d",
+            "python": "p",
+            "cpu_native_bf16": False,
+        },
+        "limit": None,
+        "records": [record],
+        "config": {
+            "repeats": 1,
+            "warmup": 1,
+            "batches": 1,
+            "batch_size": 8,
+            "model": "small_cnn",
+            "image_size": 32,
+            "precision": "fp32",
+            "data_root": "d",
+        },
+    }
     text = markdown(result, summarise(result), "stallfree bench")
     assert "Warnings from runs that finished" in text and "Failed to load nvjpeg" in text

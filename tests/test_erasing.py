@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.data.loader import build_loader
 from stallfree.recipe import RecipeError, apply_overrides, validate
 
@@ -19,8 +19,7 @@ EXACT = {"mean": [0.4, 0.2, 0.6], "std": [1 / 255] * 3}
 
 
 def _erased_fractions(image_root: Path, backend: str, p: float) -> np.ndarray:
-    recipe = small_recipe(image_root, augment={**EXACT, "random_erasing": p},
-                          loader={"backend": backend})
+    recipe = small_recipe(image_root, augment={**EXACT, "random_erasing": p}, loader={"backend": backend})
     loader = build_loader(recipe, "train", device=CPU)
     fractions = []
     for epoch in range(4):

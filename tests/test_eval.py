@@ -8,33 +8,49 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import small_recipe
+
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
 
 
 def _eval(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--standalone"] if ranks > 1 else [sys.executable]
-    result = subprocess.run([*launcher, "-m", "stallfree", "eval", str(recipe_path),
-                             "--checkpoint", str(checkpoint), "--loader", backend, "--json"],
-                            capture_output=True, text=True, timeout=300)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
+        if ranks > 1
+        else [sys.executable]
+    )
+    result = subprocess.run(
+        [
+            *launcher,
+            "-m",
+            "stallfree",
+            "eval",
+            str(recipe_path),
+            "--checkpoint",
+            str(checkpoint),
+            "--loader",
+            backend,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_val_on_two_ranks_equals_one_rank_to_the_last_sample(image_root: Path, tmp_path: Path,
-                                                             backend: str) -> None:
+def test_val_on_two_ranks_equals_one_rank_to_the_last_sample(
+    image_root: Path, tmp_path: Path, backend: str
+) -> None:
     # 29 val images (one left out): neither 2 ranks nor batch 8 divides it.
     files = sorted(p for p in image_root.glob("*/*/*.jpg"))
-    keep = [str(p.relative_to(image_root)) for p in files if p.name != files[-1].name
-            or "train" in p.parts]
+    keep = [str(p.relative_to(image_root)) for p in files if p.name != files[-1].name or "train" in p.parts]
     clean = tmp_path / "list.txt"
     clean.write_text("\n".join(keep) + "\n")
-    recipe = small_recipe(image_root, data={"file_list": str(clean)},
-                          train={"batch_size": 16, "epochs": 1})
+    recipe = small_recipe(image_root, data={"file_list": str(clean)}, train={"batch_size": 16, "epochs": 1})
     train(recipe, tmp_path / "run", progress=False)
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(recipe))
@@ -65,8 +81,9 @@ def test_sync_bn_converts_under_ddp_and_refuses_the_cpu() -> None:
     assert any(isinstance(m, nn.SyncBatchNorm) for m in synced.modules())
 
 
-def test_eval_json_carries_the_val_loss_training_logged(image_root: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_json_carries_the_val_loss_training_logged(
+    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from stallfree.cli import main
 
     recipe = small_recipe(image_root, train={"batch_size": 16})

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import exif_block, jpeg_with_segments
 from PIL import Image
 
 import stallfree.data.decode as decode
-from helpers import exif_block, jpeg_with_segments
 from stallfree.data.augment import train_transform, val_transform
 from stallfree.data.imageio import BadImageError
 from stallfree.recipe import AugmentConfig
@@ -73,8 +73,11 @@ def test_fast_and_pil_paths_agree(tmp_path: Path, kind: str, monkeypatch: pytest
     assert decode.open_image(str(path), 10**9).data is not None  # really the fast path
     # The decode alone: the same libjpeg-turbo settings, the same pixels.
     full = (0, 0, *image.size)
-    fast, slow = _both(lambda p: decode.decode_resized(decode.open_image(p, 10**9), full,
-                                                       *image.size), path, monkeypatch=monkeypatch)
+    fast, slow = _both(
+        lambda p: decode.decode_resized(decode.open_image(p, 10**9), full, *image.size),
+        path,
+        monkeypatch=monkeypatch,
+    )
     assert np.array_equal(fast, slow)
     fast, slow = _both(val_transform, path, AUG, monkeypatch=monkeypatch)
     assert fast.shape == slow.shape == (64, 64, 3) and np.abs(fast - slow).max() <= 1
@@ -99,8 +102,9 @@ def test_a_dct_scaled_crop_matches_pil_draft(tmp_path: Path, monkeypatch: pytest
 
 
 @pytest.mark.parametrize("kind", ["cmyk", "exif_rotated", "exif_unreadable", "png_named_jpg"])
-def test_files_the_fast_path_cannot_take_go_to_pil(tmp_path: Path, kind: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_files_the_fast_path_cannot_take_go_to_pil(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     image = _photo()
     if kind == "cmyk":
         path = _jpeg(tmp_path, kind, image.convert("CMYK"))
@@ -141,12 +145,12 @@ def test_the_pixel_limit_holds_on_the_fast_path(tmp_path: Path) -> None:
 def _exif_in_comment(tmp_path: Path) -> Path:
     """Issue 24 (3): an upright EXIF block inside a comment (COM), then the real one (APP1)
     saying orientation 6. PIL and DALI read the APP1 block only."""
-    return jpeg_with_segments(tmp_path / "com_exif.jpg",
-                              [(0xFE, exif_block(1)), (0xE1, exif_block(6))], size=(96, 72))
+    return jpeg_with_segments(
+        tmp_path / "com_exif.jpg", [(0xFE, exif_block(1)), (0xE1, exif_block(6))], size=(96, 72)
+    )
 
 
-def test_exif_orientation_is_read_from_app1_only(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exif_orientation_is_read_from_app1_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _exif_in_comment(tmp_path)
     opened = decode.open_image(str(path), 10**9)
     assert (opened.width, opened.height) == (72, 96)  # rotated, as PIL sees it

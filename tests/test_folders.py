@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.check import check_dataset
 from stallfree.data.dataset import DatasetError, list_split, resolve_dataset
@@ -25,8 +25,17 @@ CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 # Per class: 2 files at the top, 2 in nested/, 1 in nested/deeper/, 1 in "a b" and 1 in "a-b"
 # ("a b" < "a-b" < "a/..." < "a0" by character: the folder order is by path, not by depth).
-_LAYOUT = ["z.jpg", "b.png", "nested/1.jpg", "nested/0.jpg", "nested/deeper/x.jpg",
-           "a b/q.jpg", "a-b/q.jpg", "a/q.jpg", "a0/q.jpg"]
+_LAYOUT = [
+    "z.jpg",
+    "b.png",
+    "nested/1.jpg",
+    "nested/0.jpg",
+    "nested/deeper/x.jpg",
+    "a b/q.jpg",
+    "a-b/q.jpg",
+    "a/q.jpg",
+    "a0/q.jpg",
+]
 
 
 def _img(path: Path, value: int) -> None:
@@ -60,14 +69,16 @@ def test_images_in_sub_folders_belong_to_the_class_in_image_folder_order(tmp_pat
     assert dataset.classes == ("brick", "clay")  # nested/ is no class
     for split in ("train", "val"):
         listing = dataset.splits[split]
-        assert list(zip(listing.files, listing.labels.tolist(), strict=True)) == \
-            _image_folder_order(root / split)
+        assert list(zip(listing.files, listing.labels.tolist(), strict=True)) == _image_folder_order(
+            root / split
+        )
         assert len(listing) == 18
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_both_loaders_and_data_check_and_pack_take_nested_images(
-        tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     root = _nested_root(tmp_path / "data")
     recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 4})
@@ -81,17 +92,21 @@ def test_both_loaders_and_data_check_and_pack_take_nested_images(
     listed = tmp_path / "clean.txt"
     listed.write_text(report.clean_list())
     from_list = resolve_dataset(DataConfig(root=str(root), file_list=str(listed)))
-    assert sorted(from_list.splits["train"].files) == \
-        sorted(resolve_dataset(DataConfig(root=str(root))).splits["train"].files)
-    assert main(["data", "pack", str(root), str(tmp_path / "packed"), "--no-progress",
-                 "--shard-size", "1MB"]) == 0
+    assert sorted(from_list.splits["train"].files) == sorted(
+        resolve_dataset(DataConfig(root=str(root))).splits["train"].files
+    )
+    assert (
+        main(["data", "pack", str(root), str(tmp_path / "packed"), "--no-progress", "--shard-size", "1MB"])
+        == 0
+    )
     manifest = json.loads((tmp_path / "packed" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["samples"] == 18
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_file_replaced_in_a_sub_folder_is_checked_again_at_start(
-        tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     root = _nested_root(tmp_path / "data")
     recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 4})
@@ -133,12 +148,12 @@ def test_a_folder_link_back_into_its_class_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_file_list_without_any_image_of_a_train_class_is_an_error(
-        tmp_path: Path, backend: str) -> None:
+def test_a_file_list_without_any_image_of_a_train_class_is_an_error(tmp_path: Path, backend: str) -> None:
     root = _nested_root(tmp_path / "data")
     listed = tmp_path / "list.txt"
-    listed.write_text("train/brick/z.jpg\ntrain/brick/nested/0.jpg\nval/brick/z.jpg\n"
-                      "val/clay/z.jpg\n")  # no train/clay line: as a folder, clay would be empty
+    listed.write_text(
+        "train/brick/z.jpg\ntrain/brick/nested/0.jpg\nval/brick/z.jpg\nval/clay/z.jpg\n"
+    )  # no train/clay line: as a folder, clay would be empty
     recipe = small_recipe(root, data={"file_list": str(listed)}, loader={"backend": backend})
     with pytest.raises(DatasetError, match=r"list\.txt names no train images of class 'clay'"):
         build_loader(recipe, "train", device=CPU)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.check import check_dataset
 from stallfree.data.dataset import resolve_dataset
@@ -41,23 +41,36 @@ def _shard(path: Path, members: list[tuple[str, bytes]]) -> Path:
     return path
 
 
-def _samples(keys: list[tuple[str, int]], image_ext: str = "jpg",
-             cls_ext: str = "cls") -> list[tuple[str, bytes]]:
-    return [member for n, (key, label) in enumerate(keys)
-            for member in ((f"{key}.{image_ext}", _jpeg(20 * n)),
-                           (f"{key}.{cls_ext}", str(label).encode()))]
+def _samples(
+    keys: list[tuple[str, int]], image_ext: str = "jpg", cls_ext: str = "cls"
+) -> list[tuple[str, bytes]]:
+    return [
+        member
+        for n, (key, label) in enumerate(keys)
+        for member in ((f"{key}.{image_ext}", _jpeg(20 * n)), (f"{key}.{cls_ext}", str(label).encode()))
+    ]
 
 
 # Keys as real shards have them: a class folder in front, a dot in a folder name, upper-case
 # extensions, webdataset's own __meta__ members (which it skips).
-_KEYS = [("k0000", 0), ("cat/k0001", 1), ("cat/k0002", 1), ("dog.v2/k0003", 0),
-         ("deep/er/k0004", 1), ("k0005", 0)]
+_KEYS = [
+    ("k0000", 0),
+    ("cat/k0001", 1),
+    ("cat/k0002", 1),
+    ("dog.v2/k0003", 0),
+    ("deep/er/k0004", 1),
+    ("k0005", 0),
+]
 
 
 def _real_world_shards(root: Path) -> None:
     for split in ("train", "val"):
-        members = _samples(_KEYS[:3]) + [("__meta__", b"{}")] + \
-            _samples(_KEYS[3:5], "JPG", "CLS") + _samples(_KEYS[5:])
+        members = (
+            _samples(_KEYS[:3])
+            + [("__meta__", b"{}")]
+            + _samples(_KEYS[3:5], "JPG", "CLS")
+            + _samples(_KEYS[5:])
+        )
         _shard(root / split / "a.tar", members[:7])
         _shard(root / split / "b.tar", members[7:])
 
@@ -76,7 +89,8 @@ def _keys(paths: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
-        tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _real_world_shards(tmp_path / "wds")
     expected = _webdataset_reads(tmp_path / "wds", "val")
@@ -86,8 +100,9 @@ def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
         listing = dataset.splits[split]
         got = list(zip(_keys(listing.files), listing.labels.tolist(), strict=True))
         assert got == _webdataset_reads(tmp_path / "wds", split)  # same samples, keys, labels
-    recipe = small_recipe(tmp_path / "wds", data={"format": "tar"}, loader={"backend": backend},
-                          train={"batch_size": 4})
+    recipe = small_recipe(
+        tmp_path / "wds", data={"format": "tar"}, loader={"backend": backend}, train={"batch_size": 4}
+    )
     loader = build_loader(recipe, "val", device=CPU)
     labels = [label for batch in loader for label in batch.labels.tolist()]
     loader.close()
@@ -100,8 +115,7 @@ def test_a_key_with_dots_is_named_as_webdataset_groups_it(tmp_path: Path) -> Non
     # webdataset's key ends at the first dot of the name: x.y.0000.jpg is sample "x" with the
     # field "y.0000.jpg", which is no image; such images must be named, not dropped.
     for split in ("train", "val"):
-        _shard(tmp_path / split / "a.tar",
-               _samples([("k0000", 0), ("x.y.0001", 0), ("x.y.0002", 0)]))
+        _shard(tmp_path / split / "a.tar", _samples([("k0000", 0), ("x.y.0001", 0), ("x.y.0002", 0)]))
     with pytest.raises(ShardError, match=r"a\.tar::x\.y\.0001\.jpg.*sample 'x'.*'y\.0001\.jpg'"):
         resolve_dataset(DataConfig(root=str(tmp_path), format="tar"))
 
@@ -123,7 +137,8 @@ def _refused_by_both_loaders_and_check(root: Path, needle: str, backend: str) ->
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("alone", [False, True])
 def test_a_compressed_shard_beside_plain_ones_is_refused_by_name(
-        tmp_path: Path, backend: str, alone: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, backend: str, alone: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _two_splits(tmp_path)
     plain = _shard(tmp_path / "b.tar", _samples([("k0002", 0), ("k0003", 1)]))
@@ -131,19 +146,21 @@ def test_a_compressed_shard_beside_plain_ones_is_refused_by_name(
     plain.unlink()
     if alone:  # train holds compressed shards only: still shards, not an empty folder dataset
         (tmp_path / "train" / "a.tar").unlink()
-    _refused_by_both_loaders_and_check(tmp_path, r"train/b\.tar\.gz is a compressed shard.*gunzip",
-                                       backend)
+    _refused_by_both_loaders_and_check(tmp_path, r"train/b\.tar\.gz is a compressed shard.*gunzip", backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("content,needle", [
-    (b"", r"train/b\.tar is empty \(0 bytes\)"),
-    ("gzip", r"train/b\.tar is gzip-compressed, not a plain tar.*gunzip"),
-    (b"not a tar at all " * 64, r"train/b\.tar is not a tar file"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"", r"train/b\.tar is empty \(0 bytes\)"),
+        ("gzip", r"train/b\.tar is gzip-compressed, not a plain tar.*gunzip"),
+        (b"not a tar at all " * 64, r"train/b\.tar is not a tar file"),
+    ],
+)
 def test_an_empty_or_disguised_shard_is_one_line_naming_it(
-        tmp_path: Path, backend: str, content: bytes | str, needle: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, backend: str, content: bytes | str, needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _two_splits(tmp_path)
     bad = tmp_path / "train" / "b.tar"

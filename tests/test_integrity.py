@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
-from helpers import exif_block, jpeg_with_segments, small_recipe
 from stallfree.cli import main
 from stallfree.data.dataset import resolve_dataset
 from stallfree.data.imageio import BadImageError
@@ -45,21 +45,24 @@ def _truncate(path: Path) -> None:
 def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
     from stallfree.data.demo import write_demo
 
-    root = write_demo(tmp_path / "data", train_per_class=2, val_per_class=3, seed=1,
-                      progress=False)
+    root = write_demo(tmp_path / "data", train_per_class=2, val_per_class=3, seed=1, progress=False)
     victim = sorted((root / "val").rglob("*.jpg"))[4]
     victim.write_bytes(victim.read_bytes()[:3000])  # the header is fine: it fails when decoded
     recipe = tmp_path / "r.toml"
-    recipe.write_text(dump_toml(small_recipe(root, loader={"torch": {"workers": 2}},
-                                             train={"batch_size": 2})))
-    script = ("import torch, sys\n"
-              "from stallfree.recipe import load_recipe\n"
-              "from stallfree.data.loader import build_loader\n"
-              f"loader = build_loader(load_recipe({str(recipe)!r}), 'val', "
-              "device=torch.device('cpu'))\n"
-              "list(loader)  # raises BadImageError, and the loader is never closed\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # hung for ever before
+    recipe.write_text(
+        dump_toml(small_recipe(root, loader={"torch": {"workers": 2}}, train={"batch_size": 2}))
+    )
+    script = (
+        "import torch, sys\n"
+        "from stallfree.recipe import load_recipe\n"
+        "from stallfree.data.loader import build_loader\n"
+        f"loader = build_loader(load_recipe({str(recipe)!r}), 'val', "
+        "device=torch.device('cpu'))\n"
+        "list(loader)  # raises BadImageError, and the loader is never closed\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )  # hung for ever before
     assert done.returncode == 1 and "BadImageError" in done.stderr and victim.name in done.stderr
 
 
@@ -67,21 +70,25 @@ def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
     root = _root(tmp_path / "data")
     for name in ("0.jpg", "1.jpg"):
         _truncate(root / "train" / "a" / name)
-    recipe = small_recipe(root, data={"on_error": "skip"}, loader={"torch": {"workers": 1}},
-                          train={"batch_size": 1, "accum_steps": 2, "epochs": 2})
+    recipe = small_recipe(
+        root,
+        data={"on_error": "skip"},
+        loader={"torch": {"workers": 1}},
+        train={"batch_size": 1, "accum_steps": 2, "epochs": 2},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         summary = train(recipe, tmp_path / "run", progress=False)
     # 8 train images, batch 1, windows of 2: 4 optimizer steps an epoch, bad batches or not.
     assert summary["optimizer_steps"] == 8
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
-               .splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4  # 2 a pass, 2 passes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dangling_symlink_is_named_not_dropped(tmp_path: Path, backend: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dangling_symlink_is_named_not_dropped(
+    tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _root(tmp_path / "data")
     os.symlink(tmp_path / "gone.jpg", root / "train" / "b" / "link.jpg")
     assert main(["data", "check", str(root), "--workers", "1", "--no-progress"]) == 1
@@ -122,8 +129,7 @@ def test_resuming_a_finished_run_with_another_recipe_says_it_had_finished(tmp_pa
         train(other, tmp_path / "run", progress=False, resume="auto")
 
 
-def test_eval_takes_a_run_directory_or_latest(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _root(tmp_path / "data")
     recipe = small_recipe(root, train={"batch_size": 2})
     train(recipe, tmp_path / "run", progress=False)
@@ -136,8 +142,9 @@ def test_eval_takes_a_run_directory_or_latest(tmp_path: Path,
     assert results[0] == results[1] and results[0]["samples"] == 8
 
 
-def test_an_unwritable_cache_costs_a_warning_not_the_run(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unwritable_cache_costs_a_warning_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = _root(tmp_path / "data")
     (tmp_path / "cache").write_text("a file where the cache folder should be")
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
@@ -146,8 +153,7 @@ def test_an_unwritable_cache_costs_a_warning_not_the_run(tmp_path: Path,
         build_loader(recipe, "train", device=CPU).close()
 
 
-def test_bench_checks_its_out_folder_first(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_checks_its_out_folder_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("x")
     recipe = tmp_path / "r.toml"
     recipe.write_text(dump_toml(small_recipe(_root(tmp_path / "data"))))
@@ -158,15 +164,24 @@ def test_bench_checks_its_out_folder_first(tmp_path: Path,
 def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
     from stallfree.bench_usage import _tree_pss_mb
 
-    rss = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
-                   if line.startswith("VmRSS:")).split()[1]) / 1024
+    rss = (
+        int(
+            next(
+                line
+                for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmRSS:")
+            ).split()[1]
+        )
+        / 1024
+    )
     pss = _tree_pss_mb()
     assert 0 < pss <= rss * 1.01  # PSS never exceeds RSS: shared pages are not counted whole
 
 
 @pytest.mark.dali
-def test_corrupt_entropy_data_data_check_is_the_arbiter(tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_entropy_data_data_check_is_the_arbiter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """2,000 bytes flipped mid-file: PIL (torch, data check) refuses the file, DALI's decoder
     decodes it into partly garbled pixels. The documented rule: `data check` decides, and its
     clean list makes both loaders train on the same files."""
@@ -185,8 +200,9 @@ def test_corrupt_entropy_data_data_check_is_the_arbiter(tmp_path: Path,
         open_rgb(str(victim))
     assert first_undecodable([str(victim)]) is None  # DALI decodes it: the documented difference
     clean = tmp_path / "clean.txt"
-    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 1
+    assert (
+        main(["data", "check", str(root), "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 1
+    )
     assert "2.jpg" in capsys.readouterr().out and "train/a/2.jpg" not in clean.read_text()
 
 
@@ -197,26 +213,28 @@ PILLOW_DATA = Path(__file__).parent / "data" / "pillow"
 
 def _dali_breaker(kind: str, path: Path) -> Path:
     if kind == "two_exif_jpeg":  # DALI reads both blocks: signal 11 / "corrupted double-linked list"
-        return jpeg_with_segments(path.with_suffix(".jpg"), [(0xE1, exif_block(6)),
-                                                             (0xE1, exif_block(3))])
+        return jpeg_with_segments(path.with_suffix(".jpg"), [(0xE1, exif_block(6)), (0xE1, exif_block(3))])
     if kind == "truncated_jpeg2000":  # a codestream without its end: DALI segfaults
         target = path.with_suffix(".jp2")
         Image.effect_noise((64, 48), 40).convert("RGB").save(target, "JPEG2000")
         target.write_bytes(target.read_bytes()[:-200])
         return target
     target = path.with_suffix(".tif")  # a fuzzed G4 TIFF without RowsPerStrip: DALI stops
-    target.write_bytes((PILLOW_DATA / "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif")
-                       .read_bytes())
+    target.write_bytes((PILLOW_DATA / "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif").read_bytes())
     return target
 
 
-_BREAKERS = {"two_exif_jpeg": "EXIF", "tiff_without_rows_per_strip": "RowsPerStrip",
-             "truncated_jpeg2000": "truncated JPEG 2000"}
+_BREAKERS = {
+    "two_exif_jpeg": "EXIF",
+    "tiff_without_rows_per_strip": "RowsPerStrip",
+    "truncated_jpeg2000": "truncated JPEG 2000",
+}
 
 
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
 def test_files_dali_cannot_decode_are_refused_by_the_header_check(
-        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from stallfree.data.imageio import check_header
 
     root = _root(tmp_path / "data")
@@ -227,8 +245,9 @@ def test_files_dali_cannot_decode_are_refused_by_the_header_check(
         check_header(str(victim))
     assert str(victim) in str(caught.value)
     clean = tmp_path / "clean.txt"
-    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 1
+    assert (
+        main(["data", "check", str(root), "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 1
+    )
     out = capsys.readouterr().out
     assert victim.name in out and _BREAKERS[kind] in out and victim.name not in clean.read_text()
 
@@ -257,8 +276,9 @@ for policy in ("raise", "skip"):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
-def test_both_loaders_refuse_them_at_start_under_raise_and_skip(tmp_path: Path, kind: str,
-                                                                backend: str) -> None:
+def test_both_loaders_refuse_them_at_start_under_raise_and_skip(
+    tmp_path: Path, kind: str, backend: str
+) -> None:
     """In a subprocess: DALI's failure on these files was a native crash of the process."""
     root = _root(tmp_path / "data")
     victims = []
@@ -269,12 +289,17 @@ def test_both_loaders_refuse_them_at_start_under_raise_and_skip(tmp_path: Path, 
     recipes = []
     for policy in ("raise", "skip"):
         recipe = tmp_path / f"{policy}.toml"
-        recipe.write_text(dump_toml(small_recipe(root, data={"on_error": policy},
-                                                 loader={"backend": backend},
-                                                 train={"batch_size": 1})))
+        recipe.write_text(
+            dump_toml(
+                small_recipe(
+                    root, data={"on_error": policy}, loader={"backend": backend}, train={"batch_size": 1}
+                )
+            )
+        )
         recipes.append(str(recipe))
-    done = subprocess.run([sys.executable, "-c", _LOAD_BOTH_POLICIES, *recipes],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_BOTH_POLICIES, *recipes], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 4, done.stdout

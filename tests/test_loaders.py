@@ -8,20 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
 from stallfree.data.registry import BACKENDS, BackendError, backend_options, resolve_backend
+from stallfree.data.sharding import ShardPlan, epoch_permutation
+from stallfree.data.torch_backend import TorchLoader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import RecipeError, apply_overrides
 from stallfree.train.build import prepare_recipe
-from stallfree.data.sharding import ShardPlan, epoch_permutation
-from stallfree.data.torch_backend import TorchLoader
 
-BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.dali) if name == "dali" else name
-                  for name in BACKENDS]
+BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.dali) if name == "dali" else name for name in BACKENDS]
 CPU = torch.device("cpu")
 
 
@@ -114,7 +113,7 @@ def test_train_shards_are_disjoint_equal_and_a_prefix(start: int) -> None:
     joined = np.concatenate([b for p in parts for b in p])
     assert len(set(joined.tolist())) == len(joined) == (103 - start) // 12 * 12
     # What the ranks have consumed together is always a prefix of the epoch's order.
-    assert set(joined.tolist()) == set(order[start:start + len(joined)].tolist())
+    assert set(joined.tolist()) == set(order[start : start + len(joined)].tolist())
 
 
 @pytest.mark.parametrize("n, batch, world", [(30, 8, 1), (30, 8, 2), (31, 4, 3), (5, 8, 4)])
@@ -162,22 +161,27 @@ def test_plugin_declares_its_own_table(image_root: Path) -> None:
     an unknown key or a wrong type refused by name before anything runs."""
     from plugin_loader import Options
 
-    recipe = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build"}),
-                             ["loader.plugin.brightness=2", "loader.plugin.tag=bright"])
+    recipe = apply_overrides(
+        small_recipe(image_root, loader={"backend": "plugin_loader:build"}),
+        ["loader.plugin.brightness=2", "loader.plugin.tag=bright"],
+    )
     loader = build_loader(recipe, "train", device=CPU)
     assert loader.options_seen == Options(brightness=2.0, tag="bright")
     assert isinstance(loader.options_seen.brightness, float)
-    prepared = prepare_recipe(small_recipe(image_root, loader={"backend": "plugin_loader:build"}),
-                              DistInfo()).recipe
+    prepared = prepare_recipe(
+        small_recipe(image_root, loader={"backend": "plugin_loader:build"}), DistInfo()
+    ).recipe
     assert prepared.loader.plugin == {"brightness": 1.0, "tag": "plain"}
-    for table, error in (({"brightnes": 2}, "unknown key 'loader.plugin.brightnes'; did you mean "
-                                            "'loader.plugin.brightness'"),
-                         ({"brightness": "high"}, "loader.plugin.brightness: expected float")):
+    for table, error in (
+        ({"brightnes": 2}, "unknown key 'loader.plugin.brightnes'; did you mean 'loader.plugin.brightness'"),
+        ({"brightness": "high"}, "loader.plugin.brightness: expected float"),
+    ):
         bad = small_recipe(image_root, loader={"backend": "plugin_loader:build", "plugin": table})
         with pytest.raises(RecipeError, match=error):
             prepare_recipe(bad, DistInfo())
-    silent = small_recipe(image_root, loader={"backend": "plugin_loader:build_without_options",
-                                              "plugin": {"brightness": 2}})
+    silent = small_recipe(
+        image_root, loader={"backend": "plugin_loader:build_without_options", "plugin": {"brightness": 2}}
+    )
     with pytest.raises(RecipeError, match="declares no options"):
         build_loader(silent, "train", device=CPU)
     # A built-in backend's table comes to it the same way; one without a table gets None.
@@ -190,22 +194,31 @@ def test_plugin_options_as_authors_write_them(image_root: Path) -> None:
     types a recipe cannot hold are refused naming the field, not met by a traceback."""
     from plugin_loader import FrozenOptions, Inner
 
-    recipe = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
-                             ["loader.plugin.name=2024", "loader.plugin.inner.x=1",
-                              "loader.plugin.inner.y=2", "loader.plugin.table.k=1",
-                              "loader.plugin.table.j=2"])
+    recipe = apply_overrides(
+        small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
+        [
+            "loader.plugin.name=2024",
+            "loader.plugin.inner.x=1",
+            "loader.plugin.inner.y=2",
+            "loader.plugin.table.k=1",
+            "loader.plugin.table.j=2",
+        ],
+    )
     prepared = prepare_recipe(recipe, DistInfo()).recipe
     loader = build_loader(prepared, "train", device=CPU)  # checks the written-back table again
-    assert loader.options_seen == FrozenOptions(name="2024", inner=Inner(x=1, y=2),
-                                                table={"k": 1, "j": 2})
+    assert loader.options_seen == FrozenOptions(name="2024", inner=Inner(x=1, y=2), table={"k": 1, "j": 2})
     assert FrozenOptions().inner == Inner()  # the shared frozen default is left alone
-    typo = apply_overrides(small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
-                           ['loader.plugin.table.k="one"'])
+    typo = apply_overrides(
+        small_recipe(image_root, loader={"backend": "plugin_loader:build_frozen"}),
+        ['loader.plugin.table.k="one"'],
+    )
     with pytest.raises(RecipeError, match=r"loader.plugin.table.k: expected int"):
         prepare_recipe(typo, DistInfo())
-    for builder, error in (("build_none_default", r"loader.plugin.cache is declared .*None"),
-                           ("build_tuple", r"loader.plugin.size is declared tuple"),
-                           ("build_no_default", "loader.plugin.needed has no default")):
+    for builder, error in (
+        ("build_none_default", r"loader.plugin.cache is declared .*None"),
+        ("build_tuple", r"loader.plugin.size is declared tuple"),
+        ("build_no_default", "loader.plugin.needed has no default"),
+    ):
         bad = small_recipe(image_root, loader={"backend": f"plugin_loader:{builder}"})
         with pytest.raises(RecipeError, match=error):
             prepare_recipe(bad, DistInfo())
@@ -237,7 +250,7 @@ def _bomb_jpeg() -> bytes:
     Image.new("RGB", (16, 16), (90, 20, 20)).save(buffer, "JPEG")
     data = bytearray(buffer.getvalue())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
+    data[sof + 5 : sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
     return bytes(data)
 
 
@@ -251,11 +264,13 @@ def _truncated_jpeg() -> bytes:
 @pytest.mark.parametrize("backend", [b for b in BACKEND_PARAMS if b != "synthetic"])
 @pytest.mark.parametrize("split", ["train", "val"])
 @pytest.mark.parametrize("kind", ["truncated", "junk_header", "bomb"])
-def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: str,
-                                         kind: str) -> None:
+def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: str, kind: str) -> None:
     """Both loaders refuse the same files; a decompression bomb before any pixel is decoded."""
-    data = {"truncated": _truncated_jpeg, "bomb": _bomb_jpeg,
-            "junk_header": lambda: b"\xff\xd8\xff\xe0 not a jpeg at all"}[kind]()
+    data = {
+        "truncated": _truncated_jpeg,
+        "bomb": _bomb_jpeg,
+        "junk_header": lambda: b"\xff\xd8\xff\xe0 not a jpeg at all",
+    }[kind]()
     bad = _root_with_one_bad_file(tmp_path, "3.jpg", data, split)
     recipe = small_recipe(tmp_path, loader={"backend": backend}, train={"batch_size": 2})
     if kind != "truncated":  # refused from its header, when the loader is built: before step 1
@@ -278,7 +293,8 @@ def test_a_bad_file_is_named_in_one_line(tmp_path: Path, backend: str, split: st
 
 
 def test_synthetic_val_counts_its_samples_exactly() -> None:
-    recipe = small_recipe("", loader={"backend": "synthetic"}, data={"synthetic_samples": 180},
-                          train={"batch_size": 64})
+    recipe = small_recipe(
+        "", loader={"backend": "synthetic"}, data={"synthetic_samples": 180}, train={"batch_size": 64}
+    )
     loader = build_loader(recipe, "val", device=CPU)
     assert sum(b.labels.numel() for b in loader) == 180

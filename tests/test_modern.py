@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from torch import nn
 
-from helpers import small_recipe
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.ema import ModelEma
 from stallfree.train.mix import Mixer
@@ -42,17 +42,33 @@ def test_mixer_is_seeded_and_cutmix_lambda_is_the_kept_area() -> None:
     assert first.partner_labels.ne(labels).all()  # seed 3 pairs the two images
     assert changed.float().mean().item() == pytest.approx(1 - first.lam)
     assert 0 < first.lam < 1
-    assert Mixer(mixup_alpha=0.2, cutmix_alpha=0.0, prob=0.0, seed=3, rank=0)(
-        images, labels, epoch=0, index=0) is None
+    assert (
+        Mixer(mixup_alpha=0.2, cutmix_alpha=0.0, prob=0.0, seed=3, rank=0)(images, labels, epoch=0, index=0)
+        is None
+    )
 
 
 def _recipe(root: Path, backend: str = "torch"):
     # 60 images / batch 8 = 7 batches; accum 2 -> 4 optimizer steps an epoch.
-    return small_recipe(root, augment={"image_size": 32, "resize_size": 36, "mixup_alpha": 0.2,
-                                       "cutmix_alpha": 1.0, "mix_prob": 0.8},
-                        train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1,
-                               "keep_checkpoints": 20, "ema_decay": 0.9},
-                        loader={"backend": backend}, optim={"name": "sgd", "lr": 0.05})
+    return small_recipe(
+        root,
+        augment={
+            "image_size": 32,
+            "resize_size": 36,
+            "mixup_alpha": 0.2,
+            "cutmix_alpha": 1.0,
+            "mix_prob": 0.8,
+        },
+        train={
+            "epochs": 2,
+            "accum_steps": 2,
+            "ckpt_every_steps": 1,
+            "keep_checkpoints": 20,
+            "ema_decay": 0.9,
+        },
+        loader={"backend": backend},
+        optim={"name": "sgd", "lr": 0.05},
+    )
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])

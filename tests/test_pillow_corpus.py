@@ -22,7 +22,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from helpers import exif_block, jpeg_with_segments
 
 pytestmark = pytest.mark.dali
@@ -46,9 +45,23 @@ def pillow_images() -> Path:
         return images
     sdist = CACHE / f"pillow-{PILLOW}.tar.gz"
     if not sdist.is_file():
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                               "--no-binary", ":all:", f"pillow=={PILLOW}", "-d", str(CACHE)],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"pillow=={PILLOW}",
+                "-d",
+                str(CACHE),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0 or not sdist.is_file():
             _unavailable(f"pip download pillow=={PILLOW} failed: {done.stderr.strip()[-300:]}")
     prefix = f"pillow-{PILLOW}/Tests/images/"
@@ -65,8 +78,9 @@ def _run_chunk(paths: list[str], listing: Path) -> tuple[list[dict], list[tuple[
     crashes: list[tuple[str, int]] = []
     while paths:
         listing.write_text("\n".join(paths) + "\n")
-        done = subprocess.run([sys.executable, str(WORKER), str(listing)], capture_output=True,
-                              text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(WORKER), str(listing)], capture_output=True, text=True, timeout=600
+        )
         seen, started = set(), None
         for line in done.stdout.splitlines():
             kind, _, rest = line.partition(" ")
@@ -84,11 +98,12 @@ def _run_chunk(paths: list[str], listing: Path) -> tuple[list[dict], list[tuple[
 
 
 def test_every_pillow_image_is_refused_or_decoded_by_both_loaders(
-        pillow_images: Path, tmp_path: Path) -> None:
-    extra = [Path(__file__).parent / "data" / "pillow" /
-             "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif",
-             jpeg_with_segments(tmp_path / "two_exif.jpg", [(0xE1, exif_block(6)),
-                                                            (0xE1, exif_block(3))])]
+    pillow_images: Path, tmp_path: Path
+) -> None:
+    extra = [
+        Path(__file__).parent / "data" / "pillow" / "crash-74d2a78403a5a59db1fb0a2b8735ac068a75f6e3.tif",
+        jpeg_with_segments(tmp_path / "two_exif.jpg", [(0xE1, exif_block(6)), (0xE1, exif_block(3))]),
+    ]
     files = sorted(str(p) for p in pillow_images.rglob("*") if p.is_file()) + list(map(str, extra))
     assert len(files) > 1000
     results: list[dict] = []
@@ -97,8 +112,9 @@ def test_every_pillow_image_is_refused_or_decoded_by_both_loaders(
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(CHUNKS) as pool:
-        for found, crashed in pool.map(_run_chunk, chunks,
-                                       [tmp_path / f"chunk{i}.txt" for i in range(CHUNKS)]):
+        for found, crashed in pool.map(
+            _run_chunk, chunks, [tmp_path / f"chunk{i}.txt" for i in range(CHUNKS)]
+        ):
             results += found
             crashes += crashed
     assert not crashes, f"DALI's decoder crashed the process (path, exit code): {crashes}"
@@ -107,8 +123,13 @@ def test_every_pillow_image_is_refused_or_decoded_by_both_loaders(
     assert all(r["path"] in r["refused"] for r in refused)  # each refusal names its file
     for path in map(str, extra):
         assert any(r["path"] == path for r in refused), path
-    differ = [r for r in results if "refused" not in r and isinstance(r["torch"], list)
-              and not (r["image"] == r["torch"] and isinstance(r["image_random_crop"], list))]
+    differ = [
+        r
+        for r in results
+        if "refused" not in r
+        and isinstance(r["torch"], list)
+        and not (r["image"] == r["torch"] and isinstance(r["image_random_crop"], list))
+    ]
     assert not differ, f"PIL decodes these, DALI does not (alike): {differ}"
     # Files no loader decodes (truncated data) fail at decode on both, named: a sanity count.
     assert sum(isinstance(r.get("torch"), list) for r in results) > 400

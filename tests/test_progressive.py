@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.data.loader import build_loader
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
@@ -36,16 +36,19 @@ def test_each_epoch_has_its_size_and_val_its_own(image_root: Path, backend: str)
 
 
 def test_resume_across_a_size_change_is_bitwise(image_root: Path, tmp_path: Path) -> None:
-    recipe = small_recipe(image_root, augment=SCHEDULE, optim={"name": "sgd", "lr": 0.05},
-                          train={"epochs": 2, "ckpt_every_steps": 1, "keep_checkpoints": 20})
+    recipe = small_recipe(
+        image_root,
+        augment=SCHEDULE,
+        optim={"name": "sgd", "lr": 0.05},
+        train={"epochs": 2, "ckpt_every_steps": 1, "keep_checkpoints": 20},
+    )
     full = tmp_path / "full"
     train(recipe, full, progress=False)
     run = tmp_path / "resumed"
     (run / "checkpoints").mkdir(parents=True)
     shutil.copy(full / "checkpoints" / "ckpt-000000009.pt", run / "checkpoints")  # epoch 1, 48 px
     train(recipe, run, progress=False, resume="auto")
-    final, resumed = (load_checkpoint(d / "checkpoints" / "ckpt-000000014.pt")["model"]
-                      for d in (full, run))
+    final, resumed = (load_checkpoint(d / "checkpoints" / "ckpt-000000014.pt")["model"] for d in (full, run))
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
@@ -53,14 +56,22 @@ def test_the_ffcv_recipe_trains_a_step_at_each_size(image_root: Path) -> None:
     """pipelines/imagenet-resnet50-16ep.toml's schedule (160 px, then 192 from epoch 12; val at
     256) on small images: one CPU step at each train size, the val size checked."""
     from helpers import one_step_trainer
+
     from stallfree.recipe import load_recipe
 
     path = Path(__file__).parents[1] / "pipelines" / "imagenet-resnet50-16ep.toml"
     recipe = load_recipe(path)
     assert recipe.augment.image_size == [[0, 160], [12, 192]] and recipe.augment.val_size == 256
-    ctx, loader, trainer = one_step_trainer(path, image_root, [
-        "augment.image_size=[[0, 32], [12, 40]]", "augment.val_image_size=48",
-        "augment.resize_size=55", "train.channels_last=false"])
+    ctx, loader, trainer = one_step_trainer(
+        path,
+        image_root,
+        [
+            "augment.image_size=[[0, 32], [12, 40]]",
+            "augment.val_image_size=48",
+            "augment.resize_size=55",
+            "train.channels_last=false",
+        ],
+    )
     for epoch, side in ((0, 32), (12, 40)):
         loader.set_epoch(epoch)
         batch = next(iter(loader))

@@ -22,8 +22,13 @@ def _bash_blocks(text: str) -> list[list[str]]:
     blocks = []
     for body in re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
         joined = re.sub(r"\\\n\s*", " ", body)
-        blocks.append([shlex.split(line, comments=True) for line in joined.splitlines()
-                       if line.strip() and not line.lstrip().startswith("#")])
+        blocks.append(
+            [
+                shlex.split(line, comments=True)
+                for line in joined.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")
+            ]
+        )
     return blocks
 
 
@@ -60,8 +65,9 @@ def test_setup_is_two_commands_and_usage_starts_by_putting_stallfree_on_path() -
 def test_make_says_how_to_put_stallfree_on_path() -> None:
     """What `make demo` and `make install` end with (`make -n`: printed, nothing run)."""
     for target in ("demo", "install"):
-        done = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
-                              timeout=60, check=True)
+        done = subprocess.run(
+            ["make", "-n", target], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+        )
         last = [line for line in done.stdout.splitlines() if line.strip()][-1]
         assert "source .venv/bin/activate" in last, (target, done.stdout)
 

@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 
 from stallfree.data.dataset import DatasetError, resolve_dataset
-from stallfree.recipe import (DataConfig, Recipe, RecipeError, apply_overrides, dump_toml,
-                              load_recipe, recipe_from_dict, validate)
+from stallfree.recipe import (
+    DataConfig,
+    Recipe,
+    RecipeError,
+    apply_overrides,
+    dump_toml,
+    load_recipe,
+    recipe_from_dict,
+    validate,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,13 +27,16 @@ def test_demo_recipe_loads() -> None:
     assert recipe.augment.image_size == 48 and recipe.train.precision == "auto"
 
 
-@pytest.mark.parametrize("raw, needle", [
-    ({"train": {"epoch": 3}}, "unknown key 'train.epoch'"),
-    ({"trainer": {}}, "unknown table [trainer]"),
-    ({"train": {"epochs": "3"}}, "train.epochs: expected int"),
-    ({"train": {"channels_last": 1}}, "expected bool"),
-    ({"augment": {"scale": 0.5}}, "augment.scale: expected a list"),
-])
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"train": {"epoch": 3}}, "unknown key 'train.epoch'"),
+        ({"trainer": {}}, "unknown table [trainer]"),
+        ({"train": {"epochs": "3"}}, "train.epochs: expected int"),
+        ({"train": {"channels_last": 1}}, "expected bool"),
+        ({"augment": {"scale": 0.5}}, "augment.scale: expected a list"),
+    ],
+)
 def test_bad_keys_and_types_are_named(raw: dict, needle: str) -> None:
     with pytest.raises(RecipeError, match=None) as info:
         recipe_from_dict(raw, source="x.toml")
@@ -37,8 +48,10 @@ def test_int_is_accepted_for_float() -> None:
 
 
 def test_overrides_are_type_checked() -> None:
-    recipe = apply_overrides(Recipe(), ["train.epochs=7", "augment.scale=[0.2, 1]",
-                                        "train.precision=fp32", "train.channels_last=true"])
+    recipe = apply_overrides(
+        Recipe(),
+        ["train.epochs=7", "augment.scale=[0.2, 1]", "train.precision=fp32", "train.channels_last=true"],
+    )
     assert recipe.train.epochs == 7 and recipe.augment.scale == [0.2, 1.0]
     assert recipe.train.precision == "fp32" and recipe.train.channels_last is True
     with pytest.raises(RecipeError, match="train.batch_size: expected int"):
@@ -47,17 +60,20 @@ def test_overrides_are_type_checked() -> None:
         apply_overrides(Recipe(), ["epochs=3"])
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("train.precision=fp8", "train.precision"),
-    ("optim.name=lamb", "optim.name"),
-    ("augment.resize_size=100", "resize_size"),
-    ("augment.scale=[1.0, 0.5]", "augment.scale"),
-    ("train.accum_steps=0", "train.accum_steps"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.precision=fp8", "train.precision"),
+        ("optim.name=lamb", "optim.name"),
+        ("augment.resize_size=100", "resize_size"),
+        ("augment.scale=[1.0, 0.5]", "augment.scale"),
+        ("train.accum_steps=0", "train.accum_steps"),
+    ],
+)
 def test_bad_values_fail_validation(tmp_path: Path, override: str, needle: str) -> None:
     # A key's own rule fails when it is set; a rule across keys fails in validate().
     with pytest.raises(RecipeError, match=needle.replace(".", r"\.")):
-        validate(apply_overrides(Recipe(), ["data.root=\"x\"", override]))
+        validate(apply_overrides(Recipe(), ['data.root="x"', override]))
 
 
 def test_missing_and_empty_data_roots(tmp_path: Path) -> None:
@@ -108,14 +124,15 @@ def test_python_310_parser_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     spec.loader.exec_module(module)
     assert module.tomllib is tomli
     path = tmp_path / "r.toml"
-    path.write_text('[train]\nepochs = 4\n[loader.dali]\nthreads = 2\n')
+    path.write_text("[train]\nepochs = 4\n[loader.dali]\nthreads = 2\n")
     recipe = module.load_recipe(path)
     assert recipe.train.epochs == 4 and recipe.loader.dali.threads == 2
 
 
 def test_nested_loader_tables_and_overrides() -> None:
-    recipe = apply_overrides(Recipe(), ["loader.dali.threads=3", "loader.torch.workers=0",
-                                        'loader.dali.decode="cpu"'])
+    recipe = apply_overrides(
+        Recipe(), ["loader.dali.threads=3", "loader.torch.workers=0", 'loader.dali.decode="cpu"']
+    )
     assert recipe.loader.dali.threads == 3 and recipe.loader.torch.workers == 0
     assert recipe.loader.dali.decode == "cpu"
     with pytest.raises(RecipeError, match=r"loader\.dali\.decode = 'gpu'; choose one of auto, cpu"):
@@ -124,15 +141,15 @@ def test_nested_loader_tables_and_overrides() -> None:
         apply_overrides(Recipe(), ["loader.dali.thread=3"])
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("imagenet-*.toml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("imagenet-*.toml")), ids=lambda p: p.name)
 def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None:
     from itertools import islice
 
     from helpers import one_step_trainer
 
-    _, loader, trainer = one_step_trainer(path, image_root, [
-        "augment.image_size=32", "augment.resize_size=36", "augment.val_image_size=0"])
+    _, loader, trainer = one_step_trainer(
+        path, image_root, ["augment.image_size=32", "augment.resize_size=36", "augment.val_image_size=0"]
+    )
     trainer.train_batches(islice(iter(loader), 1), 1)
     assert trainer.optimizer_steps == 1
 
@@ -148,37 +165,56 @@ def test_micro_batch_is_a_size_or_auto() -> None:
 
 def test_an_old_recipe_names_every_moved_key_at_once(tmp_path: Path) -> None:
     path = tmp_path / "old.toml"
-    path.write_text('[data]\nroot = "x"\n[loader]\nbackend = "dali"\nworkers = 4\nthreads = 3\n'
-                    'device = "cpu"\nhw_decoder_load = 0.5\n')
+    path.write_text(
+        '[data]\nroot = "x"\n[loader]\nbackend = "dali"\nworkers = 4\nthreads = 3\n'
+        'device = "cpu"\nhw_decoder_load = 0.5\n'
+    )
     with pytest.raises(RecipeError) as caught:
         load_recipe(path)
     message = str(caught.value)
     assert "\n" not in message and str(path) in message
-    for old, new in (("loader.workers", "loader.torch.workers"),
-                     ("loader.threads", "loader.dali.threads"),
-                     ("loader.device", "loader.dali.device"),
-                     ("loader.hw_decoder_load", "loader.dali.hw_decoder_load")):
+    for old, new in (
+        ("loader.workers", "loader.torch.workers"),
+        ("loader.threads", "loader.dali.threads"),
+        ("loader.device", "loader.dali.device"),
+        ("loader.hw_decoder_load", "loader.dali.hw_decoder_load"),
+    ):
         assert f"'{old}'" in message and f"'{new}'" in message
 
 
 # The CLI's entry, then whether torch was imported: a recipe error must not wait for it.
-_CLI_THEN_MODULES = ("import sys\nfrom stallfree.cli import main\nrc = main(sys.argv[1:])\n"
-                     "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)\n")
+_CLI_THEN_MODULES = (
+    "import sys\nfrom stallfree.cli import main\nrc = main(sys.argv[1:])\n"
+    "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)\n"
+)
 
 
-@pytest.mark.parametrize(("args", "body", "needle"), [
-    (["train"], '[train]\nepochs = 0\n', "train.epochs = 0 must be >= 1"),
-    (["train"], '[data]\nroot = "{tmp}/nope"\n', "data.root {tmp}/nope does not exist"),
-    (["train"], '[data]\nroot = "{tmp}"\n', "no train/ folder"),
-    (["train"], '[data]\nroot = "{root}"\nfile_list = "{tmp}/list.txt"\n',
-     "data.file_list {tmp}/list.txt does not exist"),
-    (["train"], '[data]\nroot = "{root}"\n[model]\ninit_from = "{tmp}/w.pt"\n',
-     "model.init_from = {tmp}/w.pt: no such file"),
-    (["eval", "--checkpoint", "{tmp}/ckpt.pt"], '[data]\nroot = "{tmp}/nope"\n',
-     "data.root {tmp}/nope does not exist"),
-])
+@pytest.mark.parametrize(
+    ("args", "body", "needle"),
+    [
+        (["train"], "[train]\nepochs = 0\n", "train.epochs = 0 must be >= 1"),
+        (["train"], '[data]\nroot = "{tmp}/nope"\n', "data.root {tmp}/nope does not exist"),
+        (["train"], '[data]\nroot = "{tmp}"\n', "no train/ folder"),
+        (
+            ["train"],
+            '[data]\nroot = "{root}"\nfile_list = "{tmp}/list.txt"\n',
+            "data.file_list {tmp}/list.txt does not exist",
+        ),
+        (
+            ["train"],
+            '[data]\nroot = "{root}"\n[model]\ninit_from = "{tmp}/w.pt"\n',
+            "model.init_from = {tmp}/w.pt: no such file",
+        ),
+        (
+            ["eval", "--checkpoint", "{tmp}/ckpt.pt"],
+            '[data]\nroot = "{tmp}/nope"\n',
+            "data.root {tmp}/nope does not exist",
+        ),
+    ],
+)
 def test_a_bad_recipe_or_path_is_named_before_torch_is_imported(
-        tmp_path: Path, image_root: Path, args: list[str], body: str, needle: str) -> None:
+    tmp_path: Path, image_root: Path, args: list[str], body: str, needle: str
+) -> None:
     import subprocess
     import sys
 
@@ -188,10 +224,22 @@ def test_a_bad_recipe_or_path_is_named_before_torch_is_imported(
     recipe = tmp_path / "bad.toml"
     recipe.write_text(fill(body))
     command, *flags = args
-    done = subprocess.run([sys.executable, "-c", _CLI_THEN_MODULES, command, str(recipe),
-                           *map(fill, flags), "--out", str(tmp_path / "run")][:None if command ==
-                                                                             "train" else -2],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CLI_THEN_MODULES,
+            command,
+            str(recipe),
+            *map(fill, flags),
+            "--out",
+            str(tmp_path / "run"),
+        ][: None if command == "train" else -2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
     assert fill(needle) in errors[0] and str(recipe) in errors[0]

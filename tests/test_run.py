@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import small_recipe, train_until_logged
+
 from stallfree.cli import main
 from stallfree.data.demo import write_demo
 from stallfree.recipe import dump_toml, load_recipe
@@ -22,8 +22,9 @@ from stallfree.train.run import train
 
 @pytest.fixture(scope="module")
 def learnable_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo(tmp_path_factory.mktemp("learn"), train_per_class=40, val_per_class=10,
-                      seed=3, progress=False)
+    return write_demo(
+        tmp_path_factory.mktemp("learn"), train_per_class=40, val_per_class=10, seed=3, progress=False
+    )
 
 
 def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> None:
@@ -54,13 +55,29 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
         assert isinstance(saved[key], float)
 
 
-def test_cli_train_with_overrides_and_compare(image_root: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_train_with_overrides_and_compare(
+    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(small_recipe(image_root)))
     out = tmp_path / "run"
-    code = main(["train", str(recipe_path), "--loader", "synthetic", "--device", "cpu",
-                 "--epochs", "2", "--out", str(out), "--set", "train.batch_size=4", "--no-progress"])
+    code = main(
+        [
+            "train",
+            str(recipe_path),
+            "--loader",
+            "synthetic",
+            "--device",
+            "cpu",
+            "--epochs",
+            "2",
+            "--out",
+            str(out),
+            "--set",
+            "train.batch_size=4",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     saved = load_recipe(out / "recipe.toml")
     assert saved.loader.backend == "synthetic" and saved.train.epochs == 2
@@ -80,39 +97,68 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_python_dash_m_entry_point() -> None:
-    result = subprocess.run([sys.executable, "-m", "stallfree", "--help"], capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "stallfree", "--help"], capture_output=True, text=True, check=True
+    )
     assert "train" in result.stdout and "data" in result.stdout
 
 
 def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-            "-m", "stallfree", "train", *args, "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        "-m",
+        "stallfree",
+        "train",
+        *args,
+        "--no-progress",
+    ]
 
 
-def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path,
-                                                              tmp_path: Path) -> None:
+def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path, tmp_path: Path) -> None:
     """1 rank -> 2 ranks (DDP over gloo) at a step boundary; SIGTERM to torchrun leaves the
     marker that the requeue loop reads; 2 ranks -> 1 rank finishes the run."""
     # 60 images, global batch 16 (1 rank x 8 x accum 2, or 2 ranks x 4 x 2): 7 global
     # micro-batches of 8 an epoch (4 dropped), windows 2,2,2,1: 4 steps an epoch either way.
-    one = small_recipe(image_root, train={"epochs": 40, "batch_size": 8, "accum_steps": 2,
-                                          "ckpt_every_steps": 1, "keep_checkpoints": 50})
+    one = small_recipe(
+        image_root,
+        train={
+            "epochs": 40,
+            "batch_size": 8,
+            "accum_steps": 2,
+            "ckpt_every_steps": 1,
+            "keep_checkpoints": 50,
+        },
+    )
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(one))
     run = tmp_path / "run"
-    single = [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--out", str(run),
-              "--no-progress"]
+    single = [
+        sys.executable,
+        "-m",
+        "stallfree",
+        "train",
+        str(recipe_path),
+        "--out",
+        str(run),
+        "--no-progress",
+    ]
     done = subprocess.run(single + ["--epochs", "1"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     for late in (3, 4):  # resume from step 2: mid-epoch 0, after 32 of the 60 samples
         (run / "checkpoints" / f"ckpt-{late:09d}.pt").unlink()
     (run / "summary.json").unlink()
     # --force: the recipe's 40 epochs, not the 1 the first run was told (a re-laid schedule).
-    two = _torchrun(str(recipe_path), "--out", str(run), "--resume", "auto", "--force",
-                    "--set", "train.batch_size=4")
-    proc = subprocess.Popen(two, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    two = _torchrun(
+        str(recipe_path), "--out", str(run), "--resume", "auto", "--force", "--set", "train.batch_size=4"
+    )
+    proc = subprocess.Popen(
+        two, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
@@ -130,8 +176,12 @@ def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path,
     assert stopped_at >= 4  # the resumed DDP run finished epoch 0 with 2 steps, as 1 rank would
 
     epochs = stopped_at // 4 + 2  # finish the epoch it stopped in, and one more
-    back = subprocess.run(single + ["--resume", "auto", "--force", "--epochs", str(epochs)],
-                          capture_output=True, text=True, timeout=300)
+    back = subprocess.run(
+        single + ["--resume", "auto", "--force", "--epochs", str(epochs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     assert not (run / "preempted.json").exists()
     summary = json.loads((run / "summary.json").read_text())
@@ -151,20 +201,35 @@ def _cli_case(root: Path, tmp_path: Path, case: str) -> tuple[list[str], str]:
         "misspelt_loader": (["--loader", "dalli"], "unknown loader backend 'dalli'"),
         "missing_resume_file": (["--resume", str(tmp_path / "nope.pt")], "does not exist"),
         "resume_a_directory": (["--resume", str(tmp_path)], "is a directory"),
-        "batch_over_split": (["--set", "train.batch_size=1000"],
-                             "more than the 20 images of the training split"),
+        "batch_over_split": (
+            ["--set", "train.batch_size=1000"],
+            "more than the 20 images of the training split",
+        ),
         "moved_key": (["--set", "loader.workers=2"], "moved to 'loader.torch.workers'"),
-        "across_keys": (["--set", 'augment.auto_augment="randaugment"', "--set",
-                         "augment.magnitude_bins=5"],
-                        "r.toml with its flags and --set overrides: augment.randaugment_m = 9"),
+        "across_keys": (
+            ["--set", 'augment.auto_augment="randaugment"', "--set", "augment.magnitude_bins=5"],
+            "r.toml with its flags and --set overrides: augment.randaugment_m = 9",
+        ),
         "unwritable_out": (["--out", "/proc/stallfree-run"], "cannot write"),
     }
     return cases[case]
 
 
-@pytest.mark.parametrize("case", ["cuda_without_gpu", "misspelt_loader", "missing_resume_file",
-                                  "resume_a_directory", "batch_over_split", "moved_key",
-                                  "across_keys", "unwritable_out", "out_is_a_file", "empty_class"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "cuda_without_gpu",
+        "misspelt_loader",
+        "missing_resume_file",
+        "resume_a_directory",
+        "batch_over_split",
+        "moved_key",
+        "across_keys",
+        "unwritable_out",
+        "out_is_a_file",
+        "empty_class",
+    ],
+)
 def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str) -> None:
     if case == "cuda_without_gpu" and __import__("torch").cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -173,9 +238,12 @@ def test_user_errors_end_in_one_line_and_write_nothing(tmp_path: Path, case: str
     recipe_path.write_text(dump_toml(small_recipe(root)))
     extra, needle = _cli_case(root, tmp_path, case)
     out = ["--out", str(tmp_path / "run")] if "--out" not in extra else []
-    result = subprocess.run([sys.executable, "-m", "stallfree", "train", str(recipe_path),
-                             "--no-progress", *out, *extra], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "stallfree", "train", str(recipe_path), "--no-progress", *out, *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "stallfree: error:" in line]
     assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
@@ -230,8 +298,9 @@ def test_bare_command_prints_help_and_version(capsys: pytest.CaptureFixture[str]
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"stallfree {__version__}"
 
 
-def test_time_to_go_leaves_start_up_out(monkeypatch: pytest.MonkeyPatch,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_time_to_go_leaves_start_up_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A first step that waited 60 s for workers or a DALI graph, then steps of 1 s: the
     estimate is the steps', not the start-up's spread over them."""
     from types import SimpleNamespace
@@ -249,32 +318,33 @@ def test_time_to_go_leaves_start_up_out(monkeypatch: pytest.MonkeyPatch,
         now[0], trainer.optimizer_steps = 100.0 + steps - 1, steps
         eta.step()
     lines = [r.getMessage() for r in caplog.records if "to go" in r.getMessage()]
-    assert lines == ["about 1.0 min to go (71 steps in all at 1.00 s each; validation not "
-                     "included)"]
+    assert lines == ["about 1.0 min to go (71 steps in all at 1.00 s each; validation not included)"]
 
 
-def test_a_resume_with_another_epoch_count_is_refused_unless_forced(image_root: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_resume_with_another_epoch_count_is_refused_unless_forced(image_root: Path, tmp_path: Path) -> None:
     """Extending a finished run re-lays the LR schedule over the new count (the LR jumps back
     up), so it must be asked for, not happen because --epochs changed."""
     from stallfree.train.resume import ResumeError
 
-    recipe = small_recipe(image_root, train={"batch_size": 16, "epochs": 2},
-                          optim={"warmup_steps": 0})
+    recipe = small_recipe(image_root, train={"batch_size": 16, "epochs": 2}, optim={"warmup_steps": 0})
     run = tmp_path / "run"
     train(recipe, run, progress=False)
     before = (run / "metrics.jsonl").read_text()
     recipe.train.epochs = 3
-    with pytest.raises(ResumeError, match=r"train.epochs: checkpoint 2, now 3.*"
-                                          r"--epochs 2.*--force.*schedule") as err:
+    with pytest.raises(
+        ResumeError,
+        match=r"train.epochs: checkpoint 2, now 3.*"
+        r"--epochs 2.*--force.*schedule",
+    ) as err:
         train(recipe, run, progress=False, resume="auto")
     assert "\n" not in str(err.value)
     assert (run / "metrics.jsonl").read_text() == before  # refused before anything was written
     assert train(recipe, run, progress=False, resume="auto", force=True)["optimizer_steps"] == 9
 
 
-def test_the_summary_after_a_requeue_sums_every_segment(image_root: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_summary_after_a_requeue_sums_every_segment(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stopped after step 3 (as by SIGTERM), then resumed: summary.json counts the time and
     images of both segments, not of the last one alone."""
     import stallfree.train.run as run_module
@@ -293,8 +363,7 @@ def test_the_summary_after_a_requeue_sums_every_segment(image_root: Path, tmp_pa
         def requested(self, value: str | None) -> None:
             pass
 
-    recipe = small_recipe(image_root, train={"epochs": 2, "log_every": 2},
-                          optim={"warmup_steps": 0})
+    recipe = small_recipe(image_root, train={"epochs": 2, "log_every": 2}, optim={"warmup_steps": 0})
     run = tmp_path / "run"
     monkeypatch.setattr(run_module, "StopSignal", StopAfterThreeSteps)
     started = time.perf_counter()
@@ -308,7 +377,9 @@ def test_the_summary_after_a_requeue_sums_every_segment(image_root: Path, tmp_pa
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if "loss" in r]
     assert {r["step"] for r in timed} == {2, 4, 6, 7, 8, 10, 12, 14}  # each interval once
-    assert (summary["optimizer_steps"], second < summary["wall_s"] <= first + second,
-            summary["images_per_s"]) == (14, True, pytest.approx(
-                sum(r["images"] for r in timed) / sum(r["interval_s"] for r in timed)))
+    assert (
+        summary["optimizer_steps"],
+        second < summary["wall_s"] <= first + second,
+        summary["images_per_s"],
+    ) == (14, True, pytest.approx(sum(r["images"] for r in timed) / sum(r["interval_s"] for r in timed)))
     assert summary["images"] == sum(r["images"] for r in timed) and summary["segments"] == 2

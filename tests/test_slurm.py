@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import Checkpointer
 
@@ -31,8 +31,9 @@ SMALL = REPO / "docker" / "slurm-small.sbatch"  # the variant for a CPU, one-nod
 
 def _slurm_or_skip() -> None:
     """Bring the single-node cluster up (idempotent, < 1 s when it is up already)."""
-    up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up")], capture_output=True,
-                        text=True, timeout=600, check=False)
+    up = subprocess.run(
+        ["bash", str(REPO / ".ci" / "slurm-up")], capture_output=True, text=True, timeout=600, check=False
+    )
     if up.returncode != 0:
         reason = f"no Slurm here: .ci/slurm-up said {(up.stderr or up.stdout).strip()[-500:]}"
         if os.environ.get("CI"):
@@ -41,8 +42,9 @@ def _slurm_or_skip() -> None:
 
 
 def _job_state(job: str) -> dict[str, str]:
-    text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                          check=False).stdout
+    text = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, check=False
+    ).stdout
     return dict(re.findall(r"(\w+)=(\S+)", text))
 
 
@@ -50,8 +52,14 @@ def _wait_for(job: str, timeout_s: float) -> dict[str, str]:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         state = _job_state(job)
-        if state.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL",
-                                     "OUT_OF_MEMORY"):
+        if state.get("JobState") in (
+            "COMPLETED",
+            "FAILED",
+            "TIMEOUT",
+            "CANCELLED",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        ):
             return state
         time.sleep(1)
     subprocess.run(["scancel", job], check=False)
@@ -60,8 +68,15 @@ def _wait_for(job: str, timeout_s: float) -> dict[str, str]:
 
 def _submit(script: Path, env: dict[str, str], *options: str) -> str:
     """sbatch the shipped script as it is; `options` override its #SBATCH lines."""
-    done = subprocess.run(["sbatch", "--parsable", *options, str(script)], cwd=REPO,
-                          capture_output=True, text=True, env=env, timeout=60, check=True)
+    done = subprocess.run(
+        ["sbatch", "--parsable", *options, str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     return done.stdout.strip().split(";")[0]
 
 
@@ -77,8 +92,14 @@ def test_the_small_variant_is_accepted_as_shipped_and_runs_the_gpu_scripts_body(
     assert srun and srun == [line for line in _job_body(gpu) if line.startswith(("srun", "    --"))]
     assert "PYTHON" in small.read_text().split("#SBATCH")[0]  # documented in its header
     _slurm_or_skip()
-    done = subprocess.run(["sbatch", "--test-only", str(small)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(
+        ["sbatch", "--test-only", str(small)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -88,41 +109,60 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
-        image_root: Path, tmp_path: Path) -> None:
+    image_root: Path, tmp_path: Path
+) -> None:
     _slurm_or_skip()
     # Sleep-bound steps (tests/slow_loader.py: 60 ms a batch, little CPU): ~35 s for the run,
     # longer than the time limit's signal needs (USR1@55 with --time=1 lands 5-35 s after the
     # start: slurmctld checks every 30 s), and the reference runs beside it on the same cores.
-    recipe = small_recipe(image_root, loader={"backend": "slow_loader:build"},
-                          train={"epochs": 45, "batch_size": 4, "log_every": 50,
-                                 "keep_checkpoints": 2})
+    recipe = small_recipe(
+        image_root,
+        loader={"backend": "slow_loader:build"},
+        train={"epochs": 45, "batch_size": 4, "log_every": 50, "keep_checkpoints": 2},
+    )
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(recipe))
-    env = {**os.environ, "RECIPE": str(path), "OUT": str(tmp_path / "slurm"),
-           "PYTHON": sys.executable, "STALLFREE_ARGS": "",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "RECIPE": str(path),
+        "OUT": str(tmp_path / "slurm"),
+        "PYTHON": sys.executable,
+        "STALLFREE_ARGS": "",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     log = tmp_path / "slurm.log"
-    job = _submit(SMALL, env, "--job-name=stallfree-test", "--time=1", "--signal=USR1@55",
-                  f"--output={log}")
+    job = _submit(SMALL, env, "--job-name=stallfree-test", "--time=1", "--signal=USR1@55", f"--output={log}")
     # The uninterrupted reference, beside it: the same two ranks under torchrun (one thread
     # each, like one srun task with one CPU).
     reference = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-         "-m", "stallfree", "train", str(path), "--out", str(tmp_path / "reference"),
-         "--no-progress"], stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            "-m",
+            "stallfree",
+            "train",
+            str(path),
+            "--out",
+            str(tmp_path / "reference"),
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "reference.log", "w"),  # noqa: SIM115 - the child holds it
-        env=env)
+        env=env,
+    )
     # slurmctld checks time limits every 30 s, so every requeued run of a 1-minute job would be
     # signalled again ~15 s in. Once the first signal has been honoured, the job gets a 5-minute
     # limit: the rest of the run finishes without another signal, and the test stays short.
     deadline = time.time() + 300
-    while time.time() < deadline and "requeued Slurm job" not in (
-            log.read_text() if log.exists() else ""):
+    while time.time() < deadline and "requeued Slurm job" not in (log.read_text() if log.exists() else ""):
         if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.5)
-    subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False,
-                   capture_output=True)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False, capture_output=True)
     state = _wait_for(job, timeout_s=420)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     text = log.read_text()
@@ -144,16 +184,24 @@ def test_the_batch_shell_alone_is_one_process() -> None:
     from stallfree.parallel import DistInfo
 
     batch_env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
-    step_env = {**batch_env, "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
-                "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SLURM_")
-             or k in ("WORLD_SIZE", "RANK")}
+    step_env = {
+        **batch_env,
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+        "SLURM_NODEID": "3",
+    }
+    saved = {
+        k: os.environ.pop(k)
+        for k in list(os.environ)
+        if k.startswith("SLURM_") or k in ("WORLD_SIZE", "RANK")
+    }
     try:
         os.environ.update(batch_env)
         assert DistInfo.from_env() == DistInfo()
         os.environ.update(step_env)
-        assert DistInfo.from_env() == DistInfo(rank=1, world_size=2, local_rank=1,
-                                               local_world_size=1)
+        assert DistInfo.from_env() == DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=1)
     finally:
         for key in set(batch_env) | set(step_env):
             os.environ.pop(key, None)
@@ -166,18 +214,38 @@ def test_the_rendezvous_comes_from_the_steps_first_node_and_the_job_id() -> None
     assert first_host("gpu[07-09,12],cpu1") == "gpu07"
     assert first_host("rack[1-2]-node[01-04]") == "rack1-node01"
     assert first_host("vm") == "vm" and first_host("a1,b2") == "a1"
-    assert slurm_rendezvous({"SLURM_STEP_NODELIST": "n[3-4]", "SLURM_JOB_ID": "20005"}) == \
-        {"MASTER_ADDR": "n3", "MASTER_PORT": "20005"}
+    assert slurm_rendezvous({"SLURM_STEP_NODELIST": "n[3-4]", "SLURM_JOB_ID": "20005"}) == {
+        "MASTER_ADDR": "n3",
+        "MASTER_PORT": "20005",
+    }
 
 
 # Node lists as Slurm writes them (SLURM_JOB_NODELIST), and Slurm's expansion quirks: padding
 # from the low bound's digits, several brackets (left one outermost), commas inside and out,
 # spaces as separators, duplicates and order kept.
 NODE_LISTS = [
-    "vm", "a1,b2", "n[3-4]", "gpu[07-09,12],cpu1", "rack[1-2]-node[01-04]",
-    "a[1-3,5],b-c[01-02]x[1-2]", "n[01-3]", "n[1-02]", "n[8-11]", "n[099-101]", "n[0-1]",
-    "n[1-2][3-4]", "a[1-2]b[3]c[4-5]", "a.b[1-2].c[3-4]", "n[3,1-2]", "n[1,1]", "n[1-2],n1",
-    "h[1-2],g", "n[1-2] m1", "node1,node[3-4],gpu[007-008]", "n[1-2],", "[1-2]",
+    "vm",
+    "a1,b2",
+    "n[3-4]",
+    "gpu[07-09,12],cpu1",
+    "rack[1-2]-node[01-04]",
+    "a[1-3,5],b-c[01-02]x[1-2]",
+    "n[01-3]",
+    "n[1-02]",
+    "n[8-11]",
+    "n[099-101]",
+    "n[0-1]",
+    "n[1-2][3-4]",
+    "a[1-2]b[3]c[4-5]",
+    "a.b[1-2].c[3-4]",
+    "n[3,1-2]",
+    "n[1,1]",
+    "n[1-2],n1",
+    "h[1-2],g",
+    "n[1-2] m1",
+    "node1,node[3-4],gpu[007-008]",
+    "n[1-2],",
+    "[1-2]",
 ]
 
 
@@ -191,9 +259,9 @@ def _scontrol_or_skip() -> str:
     return scontrol
 
 
-def test_node_lists_expand_as_slurms_own_scontrol_expands_them(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
+def test_node_lists_expand_as_slurms_own_scontrol_expands_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stallfree.train import slurm
 
     scontrol = _scontrol_or_skip()
@@ -203,26 +271,37 @@ def test_node_lists_expand_as_slurms_own_scontrol_expands_them(tmp_path: Path,
     conf.write_text("ClusterName=expand\nSlurmctldHost=nowhere\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for nodelist in NODE_LISTS:
-        done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
-                              text=True, env=env, timeout=30, check=True)
+        done = subprocess.run(
+            [scontrol, "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=True,
+        )
         assert "Invalid" not in done.stdout + done.stderr, (nodelist, done.stdout, done.stderr)
         assert slurm.expand_nodelist(nodelist) == done.stdout.split(), nodelist
     # hostnames() asks scontrol where it runs (here, with the job's config); the same answer.
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    assert slurm.hostnames("rack[1-2]-node[01-04]") == slurm.expand_nodelist(
-        "rack[1-2]-node[01-04]")
+    assert slurm.hostnames("rack[1-2]-node[01-04]") == slurm.expand_nodelist("rack[1-2]-node[01-04]")
 
 
-def test_without_scontrol_the_parser_answers_and_bad_lists_are_named(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_scontrol_the_parser_answers_and_bad_lists_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from stallfree.train import slurm
 
     monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the parser alone
     assert slurm.hostnames("rack[1-2]-node[01-04]")[:5] == [
-        "rack1-node01", "rack1-node02", "rack1-node03", "rack1-node04", "rack2-node01"]
+        "rack1-node01",
+        "rack1-node02",
+        "rack1-node03",
+        "rack1-node04",
+        "rack2-node01",
+    ]
     assert slurm.first_host("a[1-3,5],b-c[01-02]x[1-2]") == "a1"
-    assert slurm.slurm_rendezvous({"SLURM_JOB_NODELIST": "r[2-3]-n[07-08]",
-                                   "SLURM_JOB_ID": "1"})["MASTER_ADDR"] == "r2-n07"
+    assert (
+        slurm.slurm_rendezvous({"SLURM_JOB_NODELIST": "r[2-3]-n[07-08]", "SLURM_JOB_ID": "1"})["MASTER_ADDR"]
+        == "r2-n07"
+    )
     for bad in ("n[1-2", "n[1-2]]", "n[3-1]", "n[a-b]", "n[]", "n[-1]"):
         with pytest.raises(slurm.NodeListError, match=re.escape(bad)):
             slurm.expand_nodelist(bad)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_recipe
 from PIL import Image
 
-from helpers import small_recipe
 from stallfree.cli import main
 from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
@@ -28,7 +28,7 @@ def _bomb() -> bytes:
     Image.new("RGB", (16, 16), (90, 20, 20)).save(buffer, "JPEG")
     data = bytearray(buffer.getvalue())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
+    data[sof + 5 : sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
     return bytes(data)
 
 
@@ -38,7 +38,8 @@ def _root(root: Path, per_class: int = 4) -> Path:
             (root / split / c).mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
                 Image.new("RGB", (40, 30), (base + 30 * i, 90, 60)).save(
-                    root / split / c / f"{i}.jpg", quality=90)
+                    root / split / c / f"{i}.jpg", quality=90
+                )
     return root
 
 
@@ -56,14 +57,14 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _build(root: str | Path, backend: str, **data: object) -> None:
-    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 2},
-                          data=dict(data))
+    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 2}, data=dict(data))
     build_loader(recipe, "train", device=CPU).close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_relative_root_does_not_share_the_cache_with_a_copy(
-        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """Item 4: X/ds checked, copied to Y/ds (times kept), a bomb put in place of one file:
     data.root = "ds" from Y is another dataset, and its check runs."""
     _root(tmp_path / "X" / "ds")
@@ -80,14 +81,14 @@ def test_a_relative_root_does_not_share_the_cache_with_a_copy(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_clean_list_vouches_only_for_the_root_it_was_written_for(
-        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """Item 5: a `data check` list of X used with data.root = Y (a copy with a bomb in place of
     one file) does not turn off Y's start-up check; the list still selects Y's files."""
     x = _root(tmp_path / "X")
     clean = tmp_path / "clean.txt"
     monkeypatch.chdir(tmp_path)
-    assert main(["data", "check", "X", "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 0
+    assert main(["data", "check", "X", "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 0
     shutil.copytree(x, tmp_path / "Y")
     _in_place(tmp_path / "Y" / "train" / "a" / "1.jpg", _bomb())
     with pytest.raises(BadImageError, match="data.max_pixels"):
@@ -100,10 +101,10 @@ def test_a_clean_list_vouches_only_for_the_root_it_was_written_for(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("edited", [{"bad": {}}, {"version": "x", "bad": {}}, [],
-                                    {"bad": {"a": 1}}])
+@pytest.mark.parametrize("edited", [{"bad": {}}, {"version": "x", "bad": {}}, [], {"bad": {"a": 1}}])
 def test_an_edited_cache_entry_is_ignored_and_the_check_rerun(
-        tmp_path: Path, cache: Path, backend: str, edited: object) -> None:
+    tmp_path: Path, cache: Path, backend: str, edited: object
+) -> None:
     """Item 7: a cache file that is not as it was written is ignored (with a warning) and the
     check runs again: the bomb is refused at start."""
     root = _root(tmp_path / "data")
@@ -120,13 +121,15 @@ def test_an_edited_cache_entry_is_ignored_and_the_check_rerun(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_skip_drops_a_file_replaced_after_the_cache_on_both_loaders(
-        tmp_path: Path, cache: Path, backend: str) -> None:
+    tmp_path: Path, cache: Path, backend: str
+) -> None:
     """Item 6: data.on_error = "skip", a file replaced in place by a bomb after the start-up
     check was cached (a miss the cache documents): both loaders drop that sample from its
     batch with a warning naming it, count it, and train on the rest."""
     root = _root(tmp_path / "data", per_class=4)
-    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 4},
-                          data={"on_error": "skip"})
+    recipe = small_recipe(
+        root, loader={"backend": backend}, train={"batch_size": 4}, data={"on_error": "skip"}
+    )
     build_loader(recipe, "train", device=CPU).close()  # checked, cached
     victim = root / "train" / "b" / "2.jpg"
     _in_place(victim, _bomb())
@@ -147,12 +150,14 @@ def test_skip_drops_a_file_replaced_after_the_cache_on_both_loaders(
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_a_batch_of_only_replaced_files_is_empty_or_named(
-        tmp_path: Path, cache: Path, backend: str, on_error: str) -> None:
+    tmp_path: Path, cache: Path, backend: str, on_error: str
+) -> None:
     """Item 6: batch 1, one file replaced in place after the cache: under skip its batch is
     empty (the step count stays in step), under raise its name stops the run; both loaders."""
     root = _root(tmp_path / "data", per_class=3)
-    recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 1},
-                          data={"on_error": on_error})
+    recipe = small_recipe(
+        root, loader={"backend": backend}, train={"batch_size": 1}, data={"on_error": on_error}
+    )
     build_loader(recipe, "val", device=CPU).close()  # checked, cached
     victim = root / "val" / "a" / "1.jpg"
     _in_place(victim, _bomb())
@@ -174,7 +179,8 @@ def test_a_batch_of_only_replaced_files_is_empty_or_named(
 
 @pytest.mark.parametrize("backend", ["torch"])
 def test_a_cache_or_list_from_older_header_rules_does_not_vouch(
-        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """A new rule (here: refuse this one file) must be applied to a dataset whose start-up
     cache and `data check` list were written under the previous rules of the same release:
     the cache key and the list's header carry the rules' number, not only the version."""
@@ -182,8 +188,9 @@ def test_a_cache_or_list_from_older_header_rules_does_not_vouch(
 
     root = _root(tmp_path / "data")
     clean = tmp_path / "clean.txt"
-    assert main(["data", "check", str(root), "--workers", "1", "--no-progress",
-                 "--write-list", str(clean)]) == 0
+    assert (
+        main(["data", "check", str(root), "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 0
+    )
     _build(root, backend)  # the old rules' start-up check, cached
     victim = root / "train" / "a" / "2.jpg"
     old_open = imageio._open_checked  # noqa: SLF001 (the rule set itself is what changes)

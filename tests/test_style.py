@@ -13,9 +13,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ruff_is_clean() -> None:
     pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests",
-                             "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "benchmarks"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    """One format for every file (`ruff format`), so a diff shows changes, not styles."""
+    pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "src", "tests", "benchmarks"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, "run `ruff format src tests benchmarks`:\n" + result.stdout
 
 
 def _imports(path: Path) -> set[str]:
@@ -24,9 +40,13 @@ def _imports(path: Path) -> set[str]:
     import ast
 
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", None) == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -42,16 +62,19 @@ def test_no_import_cycles() -> None:
     """Each layer imports downwards only: a cycle, even through an import inside a function,
     means two modules share one job."""
     package = ROOT / "src" / "stallfree"
-    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in package.rglob("*.py")}
-    graph = {name: {m for m in _imports(path) if m in modules and m != name}
-             for name, path in modules.items()}
+    modules = {
+        ".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
+    graph = {
+        name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()
+    }
     cycles = []
 
     def visit(name: str, stack: list[str]) -> None:
         for nxt in graph[name]:
             if nxt in stack:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif len(stack) < 12:
                 visit(nxt, stack + [nxt])
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.cli import main
 from stallfree.data.loader import build_loader
 from stallfree.data.pack import write_index
@@ -28,8 +28,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def packed(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("packed")
-    assert main(["data", "pack", str(image_root), str(out), "--shard-size", "200KB",
-                 "--no-progress"]) == 0
+    assert main(["data", "pack", str(image_root), str(out), "--shard-size", "200KB", "--no-progress"]) == 0
     return out
 
 
@@ -50,12 +49,18 @@ def test_pack_writes_shards_indexes_and_a_manifest(image_root: Path, packed: Pat
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_shards_give_the_folders_samples_under_two_ranks(image_root: Path, packed: Path,
-                                                         backend: str) -> None:
+def test_shards_give_the_folders_samples_under_two_ranks(
+    image_root: Path, packed: Path, backend: str
+) -> None:
     def epoch(root: Path, fmt: str, split: str) -> tuple[list[int], torch.Tensor]:
         # batch 6 x 2 ranks divides the 60 train images: every sample is seen once.
-        recipe = small_recipe(root, data={"format": fmt}, loader={"backend": backend},
-                              augment=RAW_PIXELS, train={"batch_size": 6})
+        recipe = small_recipe(
+            root,
+            data={"format": fmt},
+            loader={"backend": backend},
+            augment=RAW_PIXELS,
+            train={"batch_size": 6},
+        )
         labels, images = [], []
         for rank in range(2):
             loader = build_loader(recipe, split, device=CPU, dist=DistInfo(rank, 2))
@@ -80,9 +85,14 @@ def test_unsafe_members_are_never_read(tmp_path: Path) -> None:
 
     Image.new("RGB", (8, 8)).save(good, "JPEG")
     with tarfile.open(shard, "w") as tar:
-        for name, data in (("ok.jpg", good.getvalue()), ("ok.cls", b"0"),
-                           ("../up.jpg", good.getvalue()), ("../up.cls", b"0"),
-                           ("/abs.jpg", good.getvalue()), ("/abs.cls", b"0")):
+        for name, data in (
+            ("ok.jpg", good.getvalue()),
+            ("ok.cls", b"0"),
+            ("../up.jpg", good.getvalue()),
+            ("../up.cls", b"0"),
+            ("/abs.jpg", good.getvalue()),
+            ("/abs.cls", b"0"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -99,10 +109,13 @@ def test_unsafe_members_are_never_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_resume_from_shards_is_bitwise(packed: Path, tmp_path: Path, backend: str) -> None:
-    recipe = small_recipe(packed, data={"format": "tar"}, loader={"backend": backend},
-                          train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1,
-                                 "keep_checkpoints": 20},
-                          optim={"name": "sgd", "lr": 0.05})
+    recipe = small_recipe(
+        packed,
+        data={"format": "tar"},
+        loader={"backend": backend},
+        train={"epochs": 2, "accum_steps": 2, "ckpt_every_steps": 1, "keep_checkpoints": 20},
+        optim={"name": "sgd", "lr": 0.05},
+    )
     full = tmp_path / "full"
     train(recipe, full, progress=False)
     run = tmp_path / "resumed"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import small_recipe
+
 from stallfree.cli import main
 from stallfree.data.dataset import resolve_dataset
 from stallfree.data.loader import build_loader
@@ -25,8 +25,12 @@ CPU = torch.device("cpu")
 
 
 def _pack(root: Path, out: Path, seed: int = 0, size: str = "200KB") -> Path:
-    assert main(["data", "pack", str(root), str(out), "--shard-size", size, "--seed", str(seed),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            ["data", "pack", str(root), str(out), "--shard-size", size, "--seed", str(seed), "--no-progress"]
+        )
+        == 0
+    )
     return out
 
 
@@ -48,8 +52,7 @@ def _idx(root: Path, n: int = 0) -> Path:
     return root / _manifest(root)["splits"]["train"]["shards"][n]["name"].replace(".tar", ".idx")
 
 
-def test_shards_of_another_pack_under_this_manifest(image_root: Path, packed: Path,
-                                                    tmp_path: Path) -> None:
+def test_shards_of_another_pack_under_this_manifest(image_root: Path, packed: Path, tmp_path: Path) -> None:
     other = _pack(image_root, tmp_path / "other", seed=1)  # what an interrupted re-pack leaves
     for path in other.glob("train-*"):
         shutil.copy(path, packed / path.name)
@@ -81,8 +84,10 @@ def test_two_offsets_swapped_in_an_index(packed: Path) -> None:
 def test_one_shard_replaced_by_another(packed: Path) -> None:
     shards = _manifest(packed)["splits"]["train"]["shards"]
     for suffix in (".tar", ".idx"):
-        shutil.copy(packed / shards[1]["name"].replace(".tar", suffix),
-                    packed / shards[0]["name"].replace(".tar", suffix))
+        shutil.copy(
+            packed / shards[1]["name"].replace(".tar", suffix),
+            packed / shards[0]["name"].replace(".tar", suffix),
+        )
     with pytest.raises(ShardError, match=r"train-000000\.(tar|idx)"):
         _resolve(packed)
 
@@ -95,10 +100,13 @@ def test_an_index_listing_only_some_members(packed: Path) -> None:
         _resolve(packed)
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda t: t.replace("train000000000", "train-1", 2), "not a trainNNN key"),
-    (lambda t: t.replace("jpg ", "jpg x", 1), "offsets and sizes must be integers"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda t: t.replace("train000000000", "train-1", 2), "not a trainNNN key"),
+        (lambda t: t.replace("jpg ", "jpg x", 1), "offsets and sizes must be integers"),
+    ],
+)
 def test_bad_keys_and_fields_in_an_index(packed: Path, edit, needle: str) -> None:
     idx = next(p for p in packed.glob("train-*.idx") if "train000000000" in p.read_text())
     idx.write_text(edit(idx.read_text()))
@@ -106,15 +114,28 @@ def test_bad_keys_and_fields_in_an_index(packed: Path, edit, needle: str) -> Non
         _resolve(packed)
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda m: "{\"format\": ", "not valid JSON"),
-    (lambda m: json.dumps({**m, "splits": {"train": m["splits"]["train"]}}), "no complete 'val'"),
-    (lambda m: json.dumps({**m, "splits": {**m["splits"], "train": {
-        **m["splits"]["train"], "labels": m["splits"]["train"]["labels"][:5]}}}),
-     "5 labels for 60 samples"),
-])
-def test_a_broken_manifest_is_one_line(packed: Path, edit, needle: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda m: '{"format": ', "not valid JSON"),
+        (lambda m: json.dumps({**m, "splits": {"train": m["splits"]["train"]}}), "no complete 'val'"),
+        (
+            lambda m: json.dumps(
+                {
+                    **m,
+                    "splits": {
+                        **m["splits"],
+                        "train": {**m["splits"]["train"], "labels": m["splits"]["train"]["labels"][:5]},
+                    },
+                }
+            ),
+            "5 labels for 60 samples",
+        ),
+    ],
+)
+def test_a_broken_manifest_is_one_line(
+    packed: Path, edit, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     (packed / "manifest.json").write_text(edit(_manifest(packed)))
     recipe = packed.parent / "r.toml"
     from stallfree.recipe import dump_toml
@@ -126,8 +147,7 @@ def test_a_broken_manifest_is_one_line(packed: Path, edit, needle: str,
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
-def test_data_check_on_shards_finds_a_changed_shard(packed: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 0
     shard = packed / "val-000000.tar"
     data = bytearray(shard.read_bytes())
@@ -137,8 +157,7 @@ def test_data_check_on_shards_finds_a_changed_shard(packed: Path,
     assert "val-000000.tar: shard: SHA-256 differs" in capsys.readouterr().out
 
 
-def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("x")
     assert main(["data", "pack", str(image_root), str(tmp_path / "afile"), "--no-progress"]) == 2
     assert "is a file" in capsys.readouterr().err
@@ -147,14 +166,16 @@ def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path,
     assert "is not empty" in capsys.readouterr().err
     # Killed mid-pack: nothing at OUT, and no half-written folder left behind.
     out = tmp_path / "killed"
-    code = ("import sys, stallfree.data.pack as p\n"
-            "real = p.pack_split\n"
-            "def boom(samples, out, split, *a, **k):\n"
-            "    if split == 'val': raise KeyboardInterrupt\n"
-            "    return real(samples, out, split, *a, **k)\n"
-            "p.pack_split = boom\n"
-            f"p.pack_dataset({str(image_root)!r}, {str(out)!r}, shard_bytes=200000, "
-            "progress=False)\n")
+    code = (
+        "import sys, stallfree.data.pack as p\n"
+        "real = p.pack_split\n"
+        "def boom(samples, out, split, *a, **k):\n"
+        "    if split == 'val': raise KeyboardInterrupt\n"
+        "    return real(samples, out, split, *a, **k)\n"
+        "p.pack_split = boom\n"
+        f"p.pack_dataset({str(image_root)!r}, {str(out)!r}, shard_bytes=200000, "
+        "progress=False)\n"
+    )
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, check=False)
     assert not out.exists() and not list(tmp_path.glob(".killed*"))
 
@@ -172,22 +193,23 @@ def _webdataset_shards(image_root: Path, out: Path) -> dict[str, list[int]]:
             with wds.TarWriter(str(out / split / f"shard-{part}.tar")) as sink:
                 for i, path in enumerate(files[part::2]):
                     label = classes.index(path.parent.name)
-                    sink.write({"__key__": f"s{part}_{i:05d}", "jpg": path.read_bytes(),
-                                "cls": label})
+                    sink.write({"__key__": f"s{part}_{i:05d}", "jpg": path.read_bytes(), "cls": label})
                     labels[split].append(label)
     return labels
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_other_peoples_webdataset_shards_train_with_their_cls_labels(
-        image_root: Path, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    image_root: Path, tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     written = _webdataset_shards(image_root, tmp_path / "wds")
     dataset = resolve_dataset(DataConfig(root=str(tmp_path / "wds"), format="tar"))
     assert dataset.num_classes == 10
     assert sorted(dataset.splits["val"].labels.tolist()) == sorted(written["val"])
-    recipe = small_recipe(tmp_path / "wds", data={"format": "tar"}, loader={"backend": backend},
-                          train={"batch_size": 5})
+    recipe = small_recipe(
+        tmp_path / "wds", data={"format": "tar"}, loader={"backend": backend}, train={"batch_size": 5}
+    )
     loader = build_loader(recipe, "val", device=CPU)
     got = [label for batch in loader for label in batch.labels.tolist()]
     loader.close()
@@ -211,8 +233,7 @@ def test_a_foreign_image_without_cls_is_named(tmp_path: Path) -> None:
     for split in ("train", "val"):
         (tmp_path / split).mkdir()
         with tarfile.open(tmp_path / split / "a.tar", "w") as tar:
-            for name, data in (("k1.jpg", jpeg.getvalue()), ("k1.cls", b"0"),
-                               ("k2.jpg", jpeg.getvalue())):
+            for name, data in (("k1.jpg", jpeg.getvalue()), ("k1.cls", b"0"), ("k2.jpg", jpeg.getvalue())):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))

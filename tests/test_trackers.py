@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import small_recipe, train_until_logged
+
 from stallfree.metrics import SinkSet
 from stallfree.recipe import RecipeError
 from stallfree.train.run import train
@@ -44,8 +44,16 @@ def test_a_resumed_run_continues_its_one_mlflow_run(image_root: Path, tmp_path: 
     pytest.importorskip("mlflow", reason="the track extra: pip install -e '.[track]'")
     from mlflow.tracking import MlflowClient
 
-    recipe = small_recipe(image_root, train={"epochs": 2, "trackers": ["mlflow"], "log_every": 1,
-                                             "ckpt_every_steps": 2, "keep_checkpoints": 20})
+    recipe = small_recipe(
+        image_root,
+        train={
+            "epochs": 2,
+            "trackers": ["mlflow"],
+            "log_every": 1,
+            "ckpt_every_steps": 2,
+            "keep_checkpoints": 20,
+        },
+    )
     proc, _, run = train_until_logged(recipe, tmp_path, records=5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75, proc.stderr.read()[-2000:]
@@ -66,10 +74,12 @@ def test_a_resumed_run_continues_its_one_mlflow_run(image_root: Path, tmp_path: 
 
 
 def test_a_missing_tracker_is_named_before_anything_is_written(
-        image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     recipe = small_recipe(image_root, train={"trackers": ["wandb"]})
     with pytest.raises(RecipeError, match="train.trackers includes 'wandb'.*pip install wandb"):
         train(recipe, tmp_path / "run", progress=False)
@@ -77,7 +87,8 @@ def test_a_missing_tracker_is_named_before_anything_is_written(
 
 
 def test_a_missing_tensorboard_is_said_once_with_the_install_command(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # None in sys.modules makes the import fail, as it does without the tensorboard package.
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     sinks = SinkSet()

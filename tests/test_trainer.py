@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Collect, TensorLoader
 from torch import nn
 
-from helpers import Collect, TensorLoader
-from stallfree.train.schedule import warmup_cosine
 from stallfree.train.microbatch import MicroBatcher
-from stallfree.train.trainer import (MicroBatchOOMError, NonFiniteLossError, Trainer, TrainerConfig,
-                                     TrainerHooks)
+from stallfree.train.schedule import warmup_cosine
+from stallfree.train.trainer import (
+    MicroBatchOOMError,
+    NonFiniteLossError,
+    Trainer,
+    TrainerConfig,
+    TrainerHooks,
+)
 
 CPU = torch.device("cpu")
 
@@ -30,12 +35,23 @@ def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g)
 
 
-def _train(model: nn.Module, loader: TensorLoader, accum: int, precision: str = "fp32",
-           lr: float = 0.1, auto_micro_batch: bool = False, **config: object) -> Trainer:
+def _train(
+    model: nn.Module,
+    loader: TensorLoader,
+    accum: int,
+    precision: str = "fp32",
+    lr: float = 0.1,
+    auto_micro_batch: bool = False,
+    **config: object,
+) -> Trainer:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
-    trainer = Trainer(model, optimizer, config=TrainerConfig(
-        precision=precision, accum_steps=accum, progress=False, log_every=1, **config), device=CPU,
-        micro=MicroBatcher(auto=auto_micro_batch))
+    trainer = Trainer(
+        model,
+        optimizer,
+        config=TrainerConfig(precision=precision, accum_steps=accum, progress=False, log_every=1, **config),
+        device=CPU,
+        micro=MicroBatcher(auto=auto_micro_batch),
+    )
     trainer.train_epoch(loader, 0)
     return trainer
 
@@ -82,8 +98,13 @@ def test_scheduler_counts_only_real_steps_under_fp16_overflow() -> None:
     model = _PoisonFirst(_mlp(), bad=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = warmup_cosine(optimizer, total_steps=10, warmup_steps=4)
-    trainer = Trainer(model, optimizer, scheduler, device=CPU, config=TrainerConfig(
-        precision="fp16", accum_steps=2, progress=False, log_every=1))
+    trainer = Trainer(
+        model,
+        optimizer,
+        scheduler,
+        device=CPU,
+        config=TrainerConfig(precision="fp16", accum_steps=2, progress=False, log_every=1),
+    )
     assert trainer.scaler.is_enabled()
     trainer.train_epoch(TensorLoader(images, labels, 8), 0)  # 6 micro-batches = 3 windows
     # Window 1 held both poisoned micro-batches: the scaler skipped it, the schedule did not move.
@@ -96,13 +117,11 @@ def test_nonfinite_steps_are_skipped_then_abort() -> None:
     images, labels = _data(64)
     model = _PoisonFirst(_mlp(), bad=2)
     before = copy.deepcopy(model)
-    trainer = _train(model, TensorLoader(images, labels, 8), accum=1, lr=0.0,
-                     max_nonfinite_steps=3)
+    trainer = _train(model, TensorLoader(images, labels, 8), accum=1, lr=0.0, max_nonfinite_steps=3)
     assert trainer.skipped_steps == 2 and trainer.optimizer_steps == 6
     assert _max_diff(model, before) == 0.0  # lr 0: and the skipped steps wrote no NaNs
     with pytest.raises(NonFiniteLossError, match="3 optimizer steps in a row"):
-        _train(_PoisonFirst(_mlp(), bad=100), TensorLoader(images, labels, 8), accum=1,
-               max_nonfinite_steps=3)
+        _train(_PoisonFirst(_mlp(), bad=100), TensorLoader(images, labels, 8), accum=1, max_nonfinite_steps=3)
 
 
 def test_bf16_autocast_runs_on_cpu() -> None:
@@ -119,8 +138,7 @@ def test_gradient_clipping_bounds_the_update() -> None:
     model = _mlp()
     before = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    trainer = Trainer(model, optimizer, device=CPU, config=TrainerConfig(
-        max_grad_norm=1e-3, progress=False))
+    trainer = Trainer(model, optimizer, device=CPU, config=TrainerConfig(max_grad_norm=1e-3, progress=False))
     trainer.train_epoch(TensorLoader(images, labels * 0 + 1, 8), 0)
     delta = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), before.parameters())])
     assert delta.norm().item() == pytest.approx(1e-3, rel=1e-3)
@@ -135,8 +153,12 @@ def test_oom_is_an_error_that_names_the_fix() -> None:
     images, labels = _data(8)
     model = _OOM()
     model.p = nn.Parameter(torch.zeros(1))
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
-                      config=TrainerConfig(accum_steps=2, progress=False))
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        device=CPU,
+        config=TrainerConfig(accum_steps=2, progress=False),
+    )
     with pytest.raises(MicroBatchOOMError, match="micro-batch of 8 images.*raise train.accum_steps"):
         trainer.train_epoch(TensorLoader(images, labels, 8), 0)
 
@@ -146,8 +168,13 @@ def test_metrics_are_logged_per_interval() -> None:
     records = sink.records
     images, labels = _data(48)
     model = _mlp()
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
-                      sinks=[sink], config=TrainerConfig(log_every=2, progress=False))
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        device=CPU,
+        sinks=[sink],
+        config=TrainerConfig(log_every=2, progress=False),
+    )
     summary = trainer.fit(TensorLoader(images, labels, 8), TensorLoader(images, labels, 16), epochs=2)
     train_records = [r for r in records if "loss" in r]
     assert [r["step"] for r in train_records] == [2, 4, 6, 8, 10, 12]
@@ -164,8 +191,13 @@ def test_fp16_that_never_finishes_a_step_stops_and_never_counts_a_skip() -> None
     model = _PoisonFirst(_mlp(), bad=10_000)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = warmup_cosine(optimizer, total_steps=100, warmup_steps=0)
-    trainer = Trainer(model, optimizer, scheduler, device=CPU, config=TrainerConfig(
-        precision="fp16", progress=False, log_every=1, max_nonfinite_steps=3))
+    trainer = Trainer(
+        model,
+        optimizer,
+        scheduler,
+        device=CPU,
+        config=TrainerConfig(precision="fp16", progress=False, log_every=1, max_nonfinite_steps=3),
+    )
     with pytest.raises(NonFiniteLossError, match="3 optimizer steps in a row.*3 skipped in all"):
         trainer.train_epoch(TensorLoader(images, labels, 8), 0)
     assert trainer.optimizer_steps == 0 and trainer.skipped_steps == 3
@@ -176,9 +208,12 @@ def test_fp16_skips_even_when_the_scale_has_collapsed_to_zero() -> None:
     # Once GradScaler's scale reaches 0, "scale did not drop" no longer means "stepped".
     images, labels = _data(80)
     model = _PoisonFirst(_mlp(), bad=10_000)
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device=CPU,
-                      config=TrainerConfig(precision="fp16", progress=False,
-                                           max_nonfinite_steps=1000))
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        device=CPU,
+        config=TrainerConfig(precision="fp16", progress=False, max_nonfinite_steps=1000),
+    )
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=0.0)
     trainer.train_epoch(TensorLoader(images, labels, 8), 0)
     assert trainer.optimizer_steps == 0 and trainer.skipped_steps == 10
@@ -190,8 +225,14 @@ def test_logged_lr_is_the_lr_the_step_used() -> None:
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = warmup_cosine(optimizer, total_steps=4, warmup_steps=2)
-    trainer = Trainer(model, optimizer, scheduler, device=CPU, sinks=[sink],
-                      config=TrainerConfig(progress=False, log_every=1))
+    trainer = Trainer(
+        model,
+        optimizer,
+        scheduler,
+        device=CPU,
+        sinks=[sink],
+        config=TrainerConfig(progress=False, log_every=1),
+    )
     trainer.train_epoch(TensorLoader(images, labels, 8), 0)
     # Warmup of 2: step 1 ran at 0.005, step 2 at 0.01, then the cosine.
     assert [round(r["lr"], 6) for r in sink.records][:2] == [0.005, 0.01]
@@ -199,21 +240,24 @@ def test_logged_lr_is_the_lr_the_step_used() -> None:
 
 @pytest.mark.parametrize("old_split, new_split", [((8, 2), (4, 4)), ((4, 4), (16, 1))])
 def test_resume_with_another_micro_batch_split_continues_on_the_next_sample(
-        old_split: tuple[int, int], new_split: tuple[int, int]) -> None:
+    old_split: tuple[int, int], new_split: tuple[int, int]
+) -> None:
     """Same global batch, another split: the resumed steps equal the uninterrupted run's."""
     images, labels = _data(96)
     full = _mlp()
     _train(full, TensorLoader(images, labels, old_split[0]), accum=old_split[1])  # 6 steps
 
     first = _mlp()
-    trainer = _train(first, TensorLoader(images[:32], labels[:32], old_split[0]),
-                     accum=old_split[1])  # the first 2 steps: 32 samples
+    trainer = _train(
+        first, TensorLoader(images[:32], labels[:32], old_split[0]), accum=old_split[1]
+    )  # the first 2 steps: 32 samples
     state, loader_state = trainer.state_dict(), {"epoch": 0, "position": 32}
 
     resumed = _mlp(seed=99)
     optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    trainer = Trainer(resumed, optimizer, device=CPU, config=TrainerConfig(
-        accum_steps=new_split[1], progress=False))
+    trainer = Trainer(
+        resumed, optimizer, device=CPU, config=TrainerConfig(accum_steps=new_split[1], progress=False)
+    )
     trainer.load_state_dict(state)
     loader = TensorLoader(images, labels, new_split[0])
     loader.load_state_dict(loader_state)
@@ -243,12 +287,15 @@ def _stop_rank(rank: int, init_file: str, results: str) -> None:
     from stallfree.parallel import DistInfo
     from stallfree.train.trainer import PreemptedError
 
-    torch_dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                  world_size=2)
+    torch_dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     model = DistributedDataParallel(_Slow(_mlp(), seconds=0.1))
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), device=CPU,
-                      dist=DistInfo(rank=rank, world_size=2),
-                      config=TrainerConfig(progress=False, log_every=100))
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        device=CPU,
+        dist=DistInfo(rank=rank, world_size=2),
+        config=TrainerConfig(progress=False, log_every=100),
+    )
     hooks = TrainerHooks(stop_requested=lambda: rank == 1 and trainer.optimizer_steps >= 3)
     images, labels = _data(8 * 25)
     stopped = -1
@@ -263,8 +310,9 @@ def _stop_rank(rank: int, init_file: str, results: str) -> None:
 def test_a_stop_on_one_rank_is_agreed_within_two_steps_under_ddp(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    mp.start_processes(_stop_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _stop_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     # Flagged after step 3: its vote, started then, is read after step 4 on both ranks.
     assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [4, 4]
 
@@ -275,11 +323,9 @@ def test_weight_decay_groups_and_nesterov() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)
     # conv weight decayed; conv bias, BN weight and BN bias (1-D) not
-    assert sorted((g["weight_decay"], len(g["params"])) for g in opt.param_groups) == \
-        [(0.0, 3), (0.1, 1)]
+    assert sorted((g["weight_decay"], len(g["params"])) for g in opt.param_groups) == [(0.0, 3), (0.1, 1)]
     assert all(g["nesterov"] for g in opt.param_groups)
-    opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1,
-                          exclude_norm_bias=False)
+    opt = build_optimizer(model, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1, exclude_norm_bias=False)
     assert [(g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [(0.1, 4)]
 
 
@@ -346,8 +392,14 @@ class _OomAfterNorm(nn.Module):
 
 def _bn_net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), _OomAfterNorm(limit=8), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        _OomAfterNorm(limit=8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 5),
+    )
 
 
 def test_an_oom_retry_leaves_no_trace_in_batchnorm() -> None:
@@ -356,8 +408,13 @@ def test_an_oom_retry_leaves_no_trace_in_batchnorm() -> None:
     images, labels = _data(64)
     reference, model = _bn_net(), _bn_net()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    Trainer(reference, optimizer, config=TrainerConfig(accum_steps=2, progress=False),
-            device=CPU, micro=MicroBatcher(size=8)).train_epoch(TensorLoader(images, labels, 16), 0)
+    Trainer(
+        reference,
+        optimizer,
+        config=TrainerConfig(accum_steps=2, progress=False),
+        device=CPU,
+        micro=MicroBatcher(size=8),
+    ).train_epoch(TensorLoader(images, labels, 16), 0)
     with pytest.warns(UserWarning, match="chunks of 8"):
         _train(model, TensorLoader(images, labels, 16), accum=2, auto_micro_batch=True)
     for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ MODES = ("loader", "train")
 
 @dataclass(kw_only=True, slots=True)
 class BenchConfig:
-    backends: list[str] = field(default_factory=lambda: [
-        "dali", "torch", "torch-naive", "synthetic", *installed_peers()])
+    backends: list[str] = field(
+        default_factory=lambda: ["dali", "torch", "torch-naive", "synthetic", *installed_peers()]
+    )
     modes: list[str] = field(default_factory=lambda: ["loader", "train"])
     repeats: int = 3
     warmup: int = 5  # batches (loader) or optimizer steps (train) not timed
@@ -51,8 +52,7 @@ class BenchConfig:
     def validate(self) -> None:
         for name in self.backends:
             if name not in BENCH_VARIANTS:
-                raise ValueError(f"unknown bench backend {name!r}; choose from "
-                                 f"{', '.join(BENCH_VARIANTS)}")
+                raise ValueError(f"unknown bench backend {name!r}; choose from {', '.join(BENCH_VARIANTS)}")
         for mode in self.modes:
             if mode not in MODES:
                 raise ValueError(f"unknown bench mode {mode!r}; choose from {', '.join(MODES)}")
@@ -101,8 +101,12 @@ def measure_loader(recipe: Recipe, warmup: int, batches: int) -> dict[str, Any]:
             elapsed = time.perf_counter() - started
     finally:
         loader.close()
-    return {"images_per_s": batches * ctx.recipe.train.batch_size / elapsed, "wall_s": elapsed,
-            "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
+    return {
+        "images_per_s": batches * ctx.recipe.train.batch_size / elapsed,
+        "wall_s": elapsed,
+        "cpu_cores": usage.cpu_cores,
+        "peak_pss_mb": usage.peak_pss_mb,
+    }
 
 
 def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -112,8 +116,7 @@ def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
     ctx = resolved(recipe)
     loader = ctx.loader("train")
     # log_every past the window: only the closing log syncs, as in a long run.
-    trainer = build_trainer(ctx, train_batches=len(loader), progress=False,
-                            log_every=warmup + steps + 1)
+    trainer = build_trainer(ctx, train_batches=len(loader), progress=False, log_every=warmup + steps + 1)
     batches_in = stream(loader)
     try:
         trainer.train_batches(islice(batches_in, warmup), warmup)
@@ -123,8 +126,13 @@ def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
     finally:
         loader.close()
     t = trainer.totals
-    return {**t.summary(), "step_ms": 1000 * t.wall_s / steps, "wall_s": t.wall_s,
-            "cpu_cores": usage.cpu_cores, "peak_pss_mb": usage.peak_pss_mb}
+    return {
+        **t.summary(),
+        "step_ms": 1000 * t.wall_s / steps,
+        "wall_s": t.wall_s,
+        "cpu_cores": usage.cpu_cores,
+        "peak_pss_mb": usage.peak_pss_mb,
+    }
 
 
 def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -157,8 +165,7 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
         optimizer.zero_grad(set_to_none=True)
     _sync(device)
     elapsed = time.perf_counter() - started
-    return {"images_per_s": steps * batch / elapsed, "step_ms": 1000 * elapsed / steps,
-            "wall_s": elapsed}
+    return {"images_per_s": steps * batch / elapsed, "step_ms": 1000 * elapsed / steps, "wall_s": elapsed}
 
 
 def _child_main() -> None:
@@ -167,8 +174,7 @@ def _child_main() -> None:
     try:
         recipe = recipe_from_dict(request["recipe"])
         kind = request["kind"]
-        measure = {"bare": measure_bare_loop, "loader": measure_loader,
-                   "train": measure_train}[kind]
+        measure = {"bare": measure_bare_loop, "loader": measure_loader, "train": measure_train}[kind]
         result = measure(recipe, request["warmup"], request["batches"])
     except Exception as exc:  # noqa: BLE001 - reported to the parent as a failed record
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -182,25 +188,26 @@ _RESULT_TAG = "STALLFREE_BENCH_RESULT "
 CHILD_TIMEOUT_S = float(os.environ.get("STALLFREE_BENCH_TIMEOUT", "540"))
 
 
-def run_isolated(kind: str, recipe: Recipe, warmup: int, batches: int,
-                 timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
+def run_isolated(
+    kind: str, recipe: Recipe, warmup: int, batches: int, timeout_s: float = CHILD_TIMEOUT_S
+) -> dict[str, Any]:
     """One measurement in a fresh interpreter: clean RSS, no state shared between runs.
 
     The child's stderr is kept in the record (`stderr`, its last lines): a successful run can
     still have said something that matters, e.g. DALI falling back to a CPU decode.
     """
-    request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup,
-                          "batches": batches})
+    request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup, "batches": batches})
     code = "from stallfree.bench import _child_main; _child_main()"
     try:
-        proc = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True,
-                              text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {timeout_s:.0f} s"}
     said = "\n".join(proc.stderr.strip().splitlines()[-20:])
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_RESULT_TAG):
-            return {**json.loads(line[len(_RESULT_TAG):]), **({"stderr": said} if said else {})}
+            return {**json.loads(line[len(_RESULT_TAG) :]), **({"stderr": said} if said else {})}
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return {"error": f"measurement process exited with code {proc.returncode}: {tail}"}
 
@@ -216,9 +223,12 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "cpu": cpu, "cpu_count": os.cpu_count(), "cores_available": cpu_cores(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cores_available": cpu_cores(),
         "cpu_native_bf16": cpu_has_native_bf16(),
-        "python": platform.python_version(), "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
     }
@@ -248,10 +258,12 @@ def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str
     out: list[tuple[str | None, list[str]]] = []
     for threads in cfg.threads or [None]:
         for load in cfg.hw_decoder_loads or [None]:
-            label = " ".join(filter(None, [threads is not None and f"{threads}",
-                                           load is not None and f"hw{load:g}"]))
-            sets = ([f"loader.dali.threads={threads}"] if threads is not None else []) + \
-                   ([f"loader.dali.hw_decoder_load={load}"] if load is not None else [])
+            label = " ".join(
+                filter(None, [threads is not None and f"{threads}", load is not None and f"hw{load:g}"])
+            )
+            sets = ([f"loader.dali.threads={threads}"] if threads is not None else []) + (
+                [f"loader.dali.hw_decoder_load={load}"] if load is not None else []
+            )
             out.append((label, sets))
     return out
 
@@ -260,16 +272,21 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
     recipe = resolved(recipe).recipe  # `precision = auto` decided once, here, for every child
-    runs = [(mode, backend, knob, sets) for mode in cfg.modes for backend in cfg.backends
-            for knob, sets in _variants(backend, cfg)]
+    runs = [
+        (mode, backend, knob, sets)
+        for mode in cfg.modes
+        for backend in cfg.backends
+        for knob, sets in _variants(backend, cfg)
+    ]
     records: list[dict[str, Any]] = []
     limits: list[dict[str, Any]] = []
     dali_rate = dali_single_thread(run_isolated) if _has_dali() else None
     for repeat in range(cfg.repeats):
         if recipe.data.root and "loader" in cfg.modes:
             # Interleaved too: the ceiling drifts as well.
-            limits.append(measure_limit(recipe, sample=cfg.limit_files, passes=cfg.limit_passes,
-                                        dali_rate=dali_rate))
+            limits.append(
+                measure_limit(recipe, sample=cfg.limit_files, passes=cfg.limit_passes, dali_rate=dali_rate)
+            )
         for mode, backend, knob, sets in runs:
             variant = apply_overrides(recipe.copy(), [*BENCH_VARIANTS[backend], *sets])
             result = run_isolated(mode, variant, cfg.warmup, cfg.batches)
@@ -279,13 +296,25 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
                 LOGGER.info(_progress_line(record))
         if "train" in cfg.modes:
             result = run_isolated("bare", recipe, cfg.warmup, cfg.batches)
-            records.append({"backend": "bare-loop", "mode": "train", "knob": None,
-                            "repeat": repeat, **result})
-    return {"machine": machine_info(), "limit": median_limit(limits), "records": records,
-            "config": {"repeats": cfg.repeats, "warmup": cfg.warmup, "batches": cfg.batches,
-                       "batch_size": recipe.train.batch_size, "model": recipe.model.name,
-                       "image_size": recipe.augment.size_at(0), "precision": recipe.train.precision,
-                       "data_root": recipe.data.root, "augment": augment_words(recipe.augment)}}
+            records.append(
+                {"backend": "bare-loop", "mode": "train", "knob": None, "repeat": repeat, **result}
+            )
+    return {
+        "machine": machine_info(),
+        "limit": median_limit(limits),
+        "records": records,
+        "config": {
+            "repeats": cfg.repeats,
+            "warmup": cfg.warmup,
+            "batches": cfg.batches,
+            "batch_size": recipe.train.batch_size,
+            "model": recipe.model.name,
+            "image_size": recipe.augment.size_at(0),
+            "precision": recipe.train.precision,
+            "data_root": recipe.data.root,
+            "augment": augment_words(recipe.augment),
+        },
+    }
 
 
 def augment_words(aug: AugmentConfig) -> str:
@@ -306,5 +335,7 @@ def _progress_line(record: dict[str, Any]) -> str:
     knob = f" x{record['knob']}" if record["knob"] is not None else ""
     if "error" in record:
         return f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: ERROR {record['error']}"
-    return (f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: "
-            f"{record['images_per_s']:.1f} img/s")
+    return (
+        f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: "
+        f"{record['images_per_s']:.1f} img/s"
+    )

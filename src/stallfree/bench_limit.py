@@ -53,11 +53,17 @@ def _paths(recipe: Recipe) -> dict[str, Transform]:
         from torchvision.transforms import v2
     except Exception:  # noqa: BLE001 - absent, or a build that does not match torch
         return paths
-    crop = v2.Compose([v2.RandomResizedCrop(aug.size_at(0), scale=tuple(aug.scale),
-                                            ratio=tuple(aug.ratio), antialias=True),
-                       v2.RandomHorizontalFlip(aug.hflip)])
-    paths["torchvision"] = lambda path, seed: crop(torchvision.io.decode_image(
-        path, mode=torchvision.io.ImageReadMode.RGB))
+    crop = v2.Compose(
+        [
+            v2.RandomResizedCrop(
+                aug.size_at(0), scale=tuple(aug.scale), ratio=tuple(aug.ratio), antialias=True
+            ),
+            v2.RandomHorizontalFlip(aug.hflip),
+        ]
+    )
+    paths["torchvision"] = lambda path, seed: crop(
+        torchvision.io.decode_image(path, mode=torchvision.io.ImageReadMode.RGB)
+    )
     return paths
 
 
@@ -68,8 +74,12 @@ def _pass_rate(transform: Transform, files: list[str]) -> float:
     return len(files) / (time.perf_counter() - started)
 
 
-def measure_limit(recipe: Recipe, sample: int = 200, passes: int = 3,
-                  dali_rate: Callable[[Recipe, int], float | None] | None = None) -> dict[str, Any]:
+def measure_limit(
+    recipe: Recipe,
+    sample: int = 200,
+    passes: int = 3,
+    dali_rate: Callable[[Recipe, int], float | None] | None = None,
+) -> dict[str, Any]:
     """One measurement of the limit: images/s, the rate of every path per pass, the fastest."""
     files = resolve_dataset(recipe.data).splits["train"].files
     picked = files[:: max(1, len(files) // sample)][:sample]
@@ -98,13 +108,19 @@ def measure_limit(recipe: Recipe, sample: int = 200, passes: int = 3,
 def _limit(rates: dict[str, list[float]], cores: int) -> dict[str, Any]:
     single = {name: statistics.median(values) for name, values in rates.items()}
     best = max(single, key=single.__getitem__)
-    return {"images_per_s": cores * single[best], "cores": cores, "fastest": best,
-            "single_thread": single, "spread": [cores * min(rates[best]), cores * max(rates[best])],
-            "passes": {name: values for name, values in rates.items()}}
+    return {
+        "images_per_s": cores * single[best],
+        "cores": cores,
+        "fastest": best,
+        "single_thread": single,
+        "spread": [cores * min(rates[best]), cores * max(rates[best])],
+        "passes": {name: values for name, values in rates.items()},
+    }
 
 
 def dali_single_thread(run_isolated: Callable[..., dict[str, Any]]) -> Callable[[Recipe, int], float | None]:
     """The DALI path's rate: the loader alone, one thread, CPU graph, in its own process."""
+
     def rate(recipe: Recipe, files: int) -> float | None:
         single = recipe_from_dict(recipe.to_dict())
         single.loader.dali.threads, single.train.batch_size = 1, 16
@@ -112,6 +128,7 @@ def dali_single_thread(run_isolated: Callable[..., dict[str, Any]]) -> Callable[
         single.loader.backend = "dali"
         result = run_isolated("loader", single, warmup=2, batches=max(4, files // 16))
         return result.get("images_per_s")
+
     return rate
 
 

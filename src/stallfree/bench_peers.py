@@ -39,6 +39,7 @@ from stallfree.data.torch_backend import shutdown_workers
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
 
+
 class PeerLoader(Loader):
     """Epochs of a peer's DataLoader, as Batches on the device; no resume."""
 
@@ -68,8 +69,9 @@ class PeerLoader(Loader):
             self._iterable = self._make(self.spec.seed)
         device = self.spec.device
         for images, labels in self._iterable:
-            yield Batch(images.to(device, self.spec.dtype, non_blocking=True),
-                        labels.to(device, non_blocking=True))
+            yield Batch(
+                images.to(device, self.spec.dtype, non_blocking=True), labels.to(device, non_blocking=True)
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "position": 0}
@@ -90,9 +92,12 @@ def _workers(spec: LoaderSpec) -> int:
 
 def _loader_kwargs(spec: LoaderSpec) -> dict[str, Any]:
     workers = _workers(spec)
-    return {"num_workers": workers, "pin_memory": spec.device.type == "cuda",
-            "persistent_workers": workers > 0,
-            "prefetch_factor": spec.loader.prefetch if workers > 0 else None}
+    return {
+        "num_workers": workers,
+        "pin_memory": spec.device.type == "cuda",
+        "persistent_workers": workers > 0,
+        "prefetch_factor": spec.loader.prefetch if workers > 0 else None,
+    }
 
 
 def _normalise(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tensor:
@@ -139,9 +144,14 @@ def pil_plain(spec: LoaderSpec) -> Loader:
     listing = _listing(spec)
 
     def make(seed: int) -> DataLoader:
-        return DataLoader(_PilFiles(listing, spec.augment), batch_size=spec.batch_size,
-                          shuffle=True, drop_last=True,
-                          generator=torch.Generator().manual_seed(seed), **_loader_kwargs(spec))
+        return DataLoader(
+            _PilFiles(listing, spec.augment),
+            batch_size=spec.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(seed),
+            **_loader_kwargs(spec),
+        )
 
     return PeerLoader(spec, make, len(listing) // spec.batch_size)
 
@@ -163,10 +173,16 @@ def webdataset_peer(spec: LoaderSpec) -> Loader:
 
     def make(seed: int) -> Iterable[Any]:
         random.seed(seed)
-        dataset = (wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False,
-                                  nodesplitter=wds.split_by_node)
-                   .shuffle(1000).decode("pil").to_tuple("jpg;jpeg;png;bmp;webp", "cls")
-                   .map(sample).batched(spec.batch_size, partial=False))
+        dataset = (
+            wds.WebDataset(
+                shards, shardshuffle=len(shards), empty_check=False, nodesplitter=wds.split_by_node
+            )
+            .shuffle(1000)
+            .decode("pil")
+            .to_tuple("jpg;jpeg;png;bmp;webp", "cls")
+            .map(sample)
+            .batched(spec.batch_size, partial=False)
+        )
         # Each worker reads whole shards (split by worker); the epoch ends when they do, or at
         # the split's number of batches.
         return wds.WebLoader(dataset, batch_size=None, **_loader_kwargs(spec)).with_epoch(batches)
@@ -198,25 +214,33 @@ def torchvision_peer(spec: LoaderSpec) -> Loader:
         raise BackendError(f"peer-torchvision needs a torchvision that imports: {exc}") from exc
     listing = _listing(spec)
     aug = spec.augment
-    transform = v2.Compose([
-        v2.RandomResizedCrop(aug.size_at(0), scale=tuple(aug.scale), ratio=tuple(aug.ratio),
-                             antialias=True),
-        v2.RandomHorizontalFlip(aug.hflip), v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(aug.mean, aug.std)])
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(
+                aug.size_at(0), scale=tuple(aug.scale), ratio=tuple(aug.ratio), antialias=True
+            ),
+            v2.RandomHorizontalFlip(aug.hflip),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(aug.mean, aug.std),
+        ]
+    )
 
     class Files(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return len(listing)
 
         def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-            image = torchvision.io.decode_image(listing.path(index),
-                                                mode=torchvision.io.ImageReadMode.RGB)
+            image = torchvision.io.decode_image(listing.path(index), mode=torchvision.io.ImageReadMode.RGB)
             return transform(image), int(listing.labels[index])
 
     def make(seed: int) -> DataLoader:
-        return DataLoader(Files(), batch_size=spec.batch_size, shuffle=True, drop_last=True,
-                          generator=torch.Generator().manual_seed(seed), **_loader_kwargs(spec))
+        return DataLoader(
+            Files(),
+            batch_size=spec.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(seed),
+            **_loader_kwargs(spec),
+        )
 
     return PeerLoader(spec, make, len(listing) // spec.batch_size)
-
-

@@ -77,7 +77,8 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     """bench.md: machine, command, the table and the ratios."""
     machine, cfg, limit = result["machine"], result["config"], result.get("limit")
     lines = [
-        "# stallfree bench", "",
+        "# stallfree bench",
+        "",
         f"Machine: {machine['cpu']} (native bf16: "
         f"{ {True: 'yes', False: 'no'}.get(machine.get('cpu_native_bf16'), '?') }), "
         f"{machine['cores_available']} cores available, "
@@ -90,31 +91,43 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     ]
     if command:
         lines += ["", f"Command: `{command}`"]
-    lines += ["", "| mode | backend | workers/threads | img/s | x limit | x best peer | data-wait "
-              "| step ms | CPU cores | peak PSS MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| mode | backend | workers/threads | img/s | x limit | x best peer | data-wait "
+        "| step ms | CPU cores | peak PSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     if limit:
         single = ", ".join(f"{k} {v:.0f}/s" for k, v in limit["single_thread"].items())
         low, high = limit.get("spread", [limit["images_per_s"]] * 2)
-        lines.append(f"| loader | **limit** ({limit.get('fastest', '?')}) | {limit['cores']} cores "
-                     f"| {limit['images_per_s']:.0f} ({low:.0f}-{high:.0f}) | 1.00 | | | | "
-                     f"| single thread: {single} |")
+        lines.append(
+            f"| loader | **limit** ({limit.get('fastest', '?')}) | {limit['cores']} cores "
+            f"| {limit['images_per_s']:.0f} ({low:.0f}-{high:.0f}) | 1.00 | | | | "
+            f"| single thread: {single} |"
+        )
     for row in sorted(rows, key=lambda r: (r["mode"], -(r["images_per_s"] or 0))):
         lines.append(
             f"| {row['mode']} | {row['backend']} | {row['knob'] if row['knob'] is not None else 'auto'} "
             f"| {_num(row['images_per_s'], '.0f')} | {_num(row['of_limit'], '.2f')} "
             f"| {_num(row.get('of_peer'), '.2f')} | {_pct(row['data_wait_frac'])} "
             f"| {_num(row['step_ms'], '.1f')} "
-            f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_pss_mb'], '.0f')} |")
+            f"| {_num(row['cpu_cores'], '.2f')} | {_num(row['peak_pss_mb'], '.0f')} |"
+        )
     measured = ratios(rows, limit["images_per_s"] if limit else None)
     if measured:
         lines += ["", "Ratios (best setting of each):", ""]
         lines += [f"- {name}: **{value:.2f}**" for name, value in measured.items()]
-    warned = [(r, line) for r in result["records"] if "error" not in r
-              for line in r.get("stderr", "").splitlines()
-              if re.search(r"warn|fail|fall.?back|error", line, re.IGNORECASE)]
+    warned = [
+        (r, line)
+        for r in result["records"]
+        if "error" not in r
+        for line in r.get("stderr", "").splitlines()
+        if re.search(r"warn|fail|fall.?back|error", line, re.IGNORECASE)
+    ]
     if warned:  # e.g. DALI's "Failed to load nvjpeg": a run that "worked" on the wrong path
         lines += ["", "Warnings from runs that finished:", ""] + sorted(
-            {f"- {r['mode']} {r['backend']}: {line.strip()[:200]}" for r, line in warned})
+            {f"- {r['mode']} {r['backend']}: {line.strip()[:200]}" for r, line in warned}
+        )
     errors = [r for r in result["records"] if "error" in r]
     if errors:
         lines += ["", "Failed runs:", ""] + [f"- {r['mode']} {r['backend']}: {r['error']}" for r in errors]
@@ -134,9 +147,10 @@ def chart(rows: list[dict[str, Any]], limit: dict[str, Any] | None, path: Path) 
     fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.5), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         # In loader mode synthetic decodes nothing (millions of img/s) and would flatten the bars.
-        mine = sorted((r for r in rows if r["mode"] == mode
-                       and not (mode == "loader" and r["backend"] == "synthetic")),
-                      key=lambda r: r["images_per_s"] or 0)
+        mine = sorted(
+            (r for r in rows if r["mode"] == mode and not (mode == "loader" and r["backend"] == "synthetic")),
+            key=lambda r: r["images_per_s"] or 0,
+        )
         labels = [r["backend"] + (f" x{r['knob']}" if r["knob"] is not None else "") for r in mine]
         ax.barh(labels, [r["images_per_s"] or 0 for r in mine], color="#4c72b0")
         if limit and mode == "loader":

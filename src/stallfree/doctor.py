@@ -36,16 +36,28 @@ class Check:
 
 def _python() -> list[Check]:
     ok = sys.version_info >= (3, 10)
-    return [Check("python", OK if ok else FAIL, platform.python_version(),
-                  "" if ok else "stallfree needs Python 3.10 or newer")]
+    return [
+        Check(
+            "python",
+            OK if ok else FAIL,
+            platform.python_version(),
+            "" if ok else "stallfree needs Python 3.10 or newer",
+        )
+    ]
 
 
 def _recipe_writer() -> list[Check]:
     try:
         importlib.import_module("tomli_w")
     except ImportError:
-        return [Check("tomli-w", WARN, "not installed: recipes are written with the built-in "
-                      "fallback writer", "pip install tomli-w")]
+        return [
+            Check(
+                "tomli-w",
+                WARN,
+                "not installed: recipes are written with the built-in fallback writer",
+                "pip install tomli-w",
+            )
+        ]
     return [Check("tomli-w", OK, "installed")]
 
 
@@ -60,17 +72,30 @@ def _torch() -> tuple[list[Check], Any]:
 
 def _gpus(torch: Any) -> list[Check]:
     if torch is None or not torch.cuda.is_available():
-        cause = "this torch is a CPU build" if torch is not None and not torch.version.cuda \
+        cause = (
+            "this torch is a CPU build"
+            if torch is not None and not torch.version.cuda
             else "no CUDA device visible"
-        return [Check("gpu", WARN, f"no CUDA device ({cause}): training runs on the CPU",
-                      "on a GPU machine, install a CUDA build of torch; check nvidia-smi and "
-                      "CUDA_VISIBLE_DEVICES")]
+        )
+        return [
+            Check(
+                "gpu",
+                WARN,
+                f"no CUDA device ({cause}): training runs on the CPU",
+                "on a GPU machine, install a CUDA build of torch; check nvidia-smi and CUDA_VISIBLE_DEVICES",
+            )
+        ]
     checks = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         mig = " (MIG slice)" if "MIG" in p.name else ""
-        checks.append(Check(f"gpu {i}", OK, f"{p.name}{mig}, compute {p.major}.{p.minor}, "
-                                            f"{p.total_memory / 2**30:.0f} GiB"))
+        checks.append(
+            Check(
+                f"gpu {i}",
+                OK,
+                f"{p.name}{mig}, compute {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB",
+            )
+        )
     return checks
 
 
@@ -81,8 +106,11 @@ def _precision(torch: Any) -> list[Check]:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = resolve_precision("auto", device)
-    note = "" if device.type == "cuda" else \
-        (" (native bf16 on this CPU)" if cpu_has_native_bf16() else " (no native bf16 here)")
+    note = (
+        ""
+        if device.type == "cuda"
+        else (" (native bf16 on this CPU)" if cpu_has_native_bf16() else " (no native bf16 here)")
+    )
     return [Check("precision auto", OK, f"{resolved} on {device.type}{note}")]
 
 
@@ -91,25 +119,41 @@ def _dali(torch: Any) -> tuple[list[Check], Any]:
         dali = importlib.import_module("nvidia.dali")
     except ModuleNotFoundError as exc:
         if exc.name and not exc.name.startswith("nvidia"):
-            return [Check("dali", FAIL, f"installed but cannot import: missing module "
-                          f"{exc.name!r}", f"pip install {exc.name.replace('_', '-')} (into "
-                          "the same tree as DALI)")], None
-        return [Check("dali", WARN, "not installed: --loader dali is unavailable",
-                      "pip install 'stallfree[dali]' (nvidia-dali-cuda120), or dali-cuda130 "
-                      "for a CUDA 13 torch")], None
+            return [
+                Check(
+                    "dali",
+                    FAIL,
+                    f"installed but cannot import: missing module {exc.name!r}",
+                    f"pip install {exc.name.replace('_', '-')} (into the same tree as DALI)",
+                )
+            ], None
+        return [
+            Check(
+                "dali",
+                WARN,
+                "not installed: --loader dali is unavailable",
+                "pip install 'stallfree[dali]' (nvidia-dali-cuda120), or dali-cuda130 for a CUDA 13 torch",
+            )
+        ], None
     except ImportError as exc:
         return [Check("dali", FAIL, f"does not import: {exc}", "reinstall DALI")], None
     flavour = _dali_flavour()
     detail = f"{dali.__version__}" + (f" ({flavour})" if flavour else "")
     torch_cuda = (torch.version.cuda or "") if torch is not None else ""
     if torch_cuda and flavour and flavour[4:6] != torch_cuda.split(".")[0]:
-        return [Check("dali", WARN, f"{detail} is built for CUDA {flavour[4:6]}, torch for CUDA "
-                      f"{torch_cuda}", f"pip install nvidia-dali-cuda{torch_cuda.split('.')[0]}0")], dali
+        return [
+            Check(
+                "dali",
+                WARN,
+                f"{detail} is built for CUDA {flavour[4:6]}, torch for CUDA {torch_cuda}",
+                f"pip install nvidia-dali-cuda{torch_cuda.split('.')[0]}0",
+            )
+        ], dali
     return [Check("dali", OK, detail)], dali
 
 
 def _dali_flavour() -> str:
-    """"cuda120" or "cuda130": which DALI wheel is installed (none: the NVIDIA container's)."""
+    """ "cuda120" or "cuda130": which DALI wheel is installed (none: the NVIDIA container's)."""
     from importlib import metadata
 
     for flavour in ("cuda130", "cuda120"):
@@ -127,10 +171,17 @@ def _libraries(dali: Any) -> list[Check]:
         return []
     checks = []
     for name, soname, fix in (
-            ("nvimgcodec", "libnvimgcodec.so.0", "pip install nvidia-nvimgcodec-cu13 (or -cu12) "
-                                                 "into the same tree as DALI"),
-            ("nvjpeg", "libnvjpeg.so", "pip install nvidia-nvjpeg (CUDA 13) or "
-                                       "nvidia-nvjpeg-cu12 into the same tree as DALI")):
+        (
+            "nvimgcodec",
+            "libnvimgcodec.so.0",
+            "pip install nvidia-nvimgcodec-cu13 (or -cu12) into the same tree as DALI",
+        ),
+        (
+            "nvjpeg",
+            "libnvjpeg.so",
+            "pip install nvidia-nvjpeg (CUDA 13) or nvidia-nvjpeg-cu12 into the same tree as DALI",
+        ),
+    ):
         found = _find_library(soname)
         if found is None:
             status = FAIL if name == "nvimgcodec" else WARN
@@ -150,8 +201,11 @@ def _find_library(soname: str) -> Path | None:
     for base in sys.path:
         nvidia = Path(base or ".") / "nvidia"
         if nvidia.is_dir():
-            hits = sorted(p for p in nvidia.glob(f"*/**/{stem}.so*")
-                          if re.fullmatch(rf"{re.escape(stem)}\.so(\.\d+)*", p.name))
+            hits = sorted(
+                p
+                for p in nvidia.glob(f"*/**/{stem}.so*")
+                if re.fullmatch(rf"{re.escape(stem)}\.so(\.\d+)*", p.name)
+            )
             if hits:
                 return hits[0]
     try:
@@ -164,13 +218,25 @@ def _find_library(soname: str) -> Path | None:
 def _mixed_decode(torch: Any, dali: Any) -> list[Check]:
     """Decode one JPEG with DALI's `mixed` decoder and prove it ran on the GPU."""
     if dali is None or torch is None or not torch.cuda.is_available():
-        return [Check("mixed decode", WARN, "not tried (needs a CUDA device and DALI)",
-                      "run `stallfree doctor` on the GPU machine")]
+        return [
+            Check(
+                "mixed decode",
+                WARN,
+                "not tried (needs a CUDA device and DALI)",
+                "run `stallfree doctor` on the GPU machine",
+            )
+        ]
     from stallfree.data.dali_probe import probe_gpu_decode
 
     ok, detail = probe_gpu_decode()
-    return [Check("mixed decode", OK if ok else FAIL, detail,
-                  "" if ok else "install nvjpeg into DALI's tree (see the nvjpeg line)")]
+    return [
+        Check(
+            "mixed decode",
+            OK if ok else FAIL,
+            detail,
+            "" if ok else "install nvjpeg into DALI's tree (see the nvjpeg line)",
+        )
+    ]
 
 
 def _shm() -> list[Check]:
@@ -180,8 +246,14 @@ def _shm() -> list[Check]:
         return [Check("/dev/shm", WARN, "not present", "DataLoader workers need shared memory")]
     size = st.f_frsize * st.f_blocks / 2**30
     if size < 1:
-        return [Check("/dev/shm", WARN, f"{size:.2f} GiB: DataLoader workers may die with "
-                      "'bus error'", "docker run --ipc=host (or --shm-size=16g)")]
+        return [
+            Check(
+                "/dev/shm",
+                WARN,
+                f"{size:.2f} GiB: DataLoader workers may die with 'bus error'",
+                "docker run --ipc=host (or --shm-size=16g)",
+            )
+        ]
     return [Check("/dev/shm", OK, f"{size:.1f} GiB")]
 
 
@@ -192,11 +264,19 @@ def _cores(torch: Any) -> list[Check]:
     per = max(1, gpus)
     cores = cpu_cores()
     share = f"{cores // gpus} per GPU" if gpus else "no GPU"
-    detail = (f"{cores} cores for this process ({share}); loader workers/threads -1 -> "
-              f"{cpu_workers(-1, per)} per rank with {per} rank(s) on this node")
+    detail = (
+        f"{cores} cores for this process ({share}); loader workers/threads -1 -> "
+        f"{cpu_workers(-1, per)} per rank with {per} rank(s) on this node"
+    )
     low = gpus and cores // gpus < 4
-    return [Check("cpu", WARN if low else OK, detail,
-                  "few cores per GPU: prefer --loader dali (decode on the GPU)" if low else "")]
+    return [
+        Check(
+            "cpu",
+            WARN if low else OK,
+            detail,
+            "few cores per GPU: prefer --loader dali (decode on the GPU)" if low else "",
+        )
+    ]
 
 
 def _cache() -> list[Check]:
@@ -208,8 +288,14 @@ def _cache() -> list[Check]:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        return [Check("cache", WARN, f"{path} is not writable ({exc.strerror or exc}): every "
-                      "start checks all headers again", "set STALLFREE_CACHE to a writable folder")]
+        return [
+            Check(
+                "cache",
+                WARN,
+                f"{path} is not writable ({exc.strerror or exc}): every start checks all headers again",
+                "set STALLFREE_CACHE to a writable folder",
+            )
+        ]
     return [Check("cache", OK, str(path))]
 
 
@@ -219,9 +305,16 @@ def diagnose() -> list[Check]:
     torch_checks, torch = _torch()
     dali_checks, dali = _dali(torch)
     steps: list[Callable[[], list[Check]]] = [
-        lambda: torch_checks, lambda: _gpus(torch), lambda: _precision(torch),
-        lambda: dali_checks, lambda: _libraries(dali), lambda: _mixed_decode(torch, dali),
-        _shm, lambda: _cores(torch), _cache]
+        lambda: torch_checks,
+        lambda: _gpus(torch),
+        lambda: _precision(torch),
+        lambda: dali_checks,
+        lambda: _libraries(dali),
+        lambda: _mixed_decode(torch, dali),
+        _shm,
+        lambda: _cores(torch),
+        _cache,
+    ]
     for step in steps:
         checks += step()
     return checks
@@ -231,7 +324,9 @@ def report(checks: list[Check], as_json: bool = False) -> str:
     """The checks as one screen of text, or as JSON."""
     if as_json:
         return json.dumps([asdict(c) for c in checks], indent=1)
-    lines = [f"{c.status:<4}  {c.check:<15} {c.detail}" + (f"\n      -> {c.fix}" if c.fix and
-                                                              c.status != OK else "")
-             for c in checks]
+    lines = [
+        f"{c.status:<4}  {c.check:<15} {c.detail}"
+        + (f"\n      -> {c.fix}" if c.fix and c.status != OK else "")
+        for c in checks
+    ]
     return "\n".join(lines)

@@ -26,6 +26,9 @@ class DeviceError(StallfreeError):
 
 def some_of(items: list[str], shown: int = 3) -> str:
     """The first few of a long list for a one-line message, and how many more there are."""
-    more = f"; and {len(items) - shown} more (`stallfree data check` lists them all)" \
-        if len(items) > shown else ""
+    more = (
+        f"; and {len(items) - shown} more (`stallfree data check` lists them all)"
+        if len(items) > shown
+        else ""
+    )
     return "; ".join(items[:shown]) + more

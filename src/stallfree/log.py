@@ -44,8 +44,9 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
-                      lineno: int, line: str | None = None) -> str:
+def _one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
     # A warning is for the user: its text, not the source line that raised it.
     return f"warning: {message}"
 
@@ -112,8 +113,9 @@ class NativeStderr:
         sys.stderr.flush()
         self._saved = os.dup(2)
         read, write = os.pipe()
-        self._thread = threading.Thread(target=self._pump, args=(read, os.dup(self._saved)),
-                                        name="stallfree-stderr", daemon=True)
+        self._thread = threading.Thread(
+            target=self._pump, args=(read, os.dup(self._saved)), name="stallfree-stderr", daemon=True
+        )
         self._thread.start()
         os.dup2(write, 2)
         os.close(write)
@@ -172,8 +174,10 @@ class NativeStderr:
         kind = found.group(1).decode(errors="replace")
         if kind not in self.seen:  # libpng says it per file, DALI once more per decode
             self.seen.add(kind)
-            LOGGER.warning(f"libpng (DALI's PNG decoder) warned: {kind}; a PNG's metadata is "
-                           "malformed and was ignored, its pixels decode (said once per kind)")
+            LOGGER.warning(
+                f"libpng (DALI's PNG decoder) warned: {kind}; a PNG's metadata is "
+                "malformed and was ignored, its pixels decode (said once per kind)"
+            )
 
 
 def _is_fd2(stream: object) -> bool:

@@ -82,8 +82,7 @@ class GpuMonitor:
             self.enabled = False
             warnings.warn(f"GPU metrics off: {type(exc).__name__}: {exc}", stacklevel=2)
             return {}
-        return {"gpu_util": util / 100, "gpu_mem_gb": used / 1e9,
-                "gpu_mem_torch_gb": mine / 1e9}
+        return {"gpu_util": util / 100, "gpu_mem_gb": used / 1e9, "gpu_mem_torch_gb": mine / 1e9}
 
 
 class Sink(Protocol):
@@ -133,8 +132,11 @@ class TensorBoardSink:
 
 def _numbers(record: dict[str, Any]) -> dict[str, float]:
     """A record's finite numbers other than the step: what trackers plot."""
-    return {k: float(v) for k, v in record.items() if k != "step" and not isinstance(v, bool)
-            and isinstance(v, (int, float)) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if k != "step" and not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    }
 
 
 class MlflowSink:
@@ -160,13 +162,14 @@ class MlflowSink:
             self.run_id = found
             return
         experiment = self.client.get_experiment_by_name("stallfree")
-        experiment_id = experiment.experiment_id if experiment is not None else \
-            self.client.create_experiment("stallfree")
+        experiment_id = (
+            experiment.experiment_id if experiment is not None else self.client.create_experiment("stallfree")
+        )
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
         write_json_atomic(run_dir / MLFLOW_RUN_FILE, {"run_id": self.run_id, "tracking_uri": uri})
         items = [Param(k, str(v)[:500]) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     def _continue(self, path: Path, uri: str) -> str | None:
         """The run id this run directory started, back to RUNNING; None when there is none
@@ -179,8 +182,10 @@ class MlflowSink:
         try:
             run = self.client.get_run(kept["run_id"])
         except MlflowException as exc:
-            LOGGER.warning(f"MLflow run {kept['run_id']} ({path}) is not in {uri} ({exc}); "
-                           "this resume opens a new MLflow run")
+            LOGGER.warning(
+                f"MLflow run {kept['run_id']} ({path}) is not in {uri} ({exc}); "
+                "this resume opens a new MLflow run"
+            )
             return None
         self.client.update_run(run.info.run_id, status="RUNNING")
         for key in run.data.metrics:
@@ -192,8 +197,9 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), int(record.get("step", 0))
-        metrics = [Metric(k, v, now, step) for k, v in _numbers(record).items()
-                   if step > self.logged.get(k, -1)]
+        metrics = [
+            Metric(k, v, now, step) for k, v in _numbers(record).items() if step > self.logged.get(k, -1)
+        ]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
@@ -209,9 +215,13 @@ class WandbSink:
     def __init__(self, run_dir: Path, params: dict[str, Any], resumed: bool = False) -> None:
         import wandb
 
-        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, config=params,
-                              project=os.environ.get("WANDB_PROJECT", "stallfree"),
-                              mode=os.environ.get("WANDB_MODE", "offline"))
+        self.run = wandb.init(
+            dir=str(run_dir),
+            name=run_dir.name,
+            config=params,
+            project=os.environ.get("WANDB_PROJECT", "stallfree"),
+            mode=os.environ.get("WANDB_MODE", "offline"),
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         self.run.log(_numbers(record), step=int(record.get("step", 0)))
@@ -224,8 +234,12 @@ TRACKERS = {"mlflow": (MlflowSink, "mlflow-skinny"), "wandb": (WandbSink, "wandb
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in the run directory: the MLflow run a resume continues
 
 
-def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...] = (),
-               params: dict[str, Any] | None = None) -> list[JsonlSink | Sink]:
+def open_sinks(
+    run_dir: Path,
+    tensorboard: bool = True,
+    trackers: tuple[str, ...] = (),
+    params: dict[str, Any] | None = None,
+) -> list[JsonlSink | Sink]:
     """metrics.jsonl always; TensorBoard when the package is importable (else one warning with
     the install command); the trackers asked for (train.trackers), given the flattened recipe
     as their run's parameters."""
@@ -235,9 +249,11 @@ def open_sinks(run_dir: Path, tensorboard: bool = True, trackers: tuple[str, ...
             sinks.append(TensorBoardSink(run_dir / "tb"))
         except (ImportError, OSError) as exc:
             # Said once, at the start: a missing tb/ found after a long run is a lost curve.
-            LOGGER.warning(f"TensorBoard: no {run_dir / 'tb'} for this run ({type(exc).__name__}: "
-                           f"{exc}); install it with pip install -e '.[tb]' (make installs it); "
-                           "metrics.jsonl has every record")
+            LOGGER.warning(
+                f"TensorBoard: no {run_dir / 'tb'} for this run ({type(exc).__name__}: "
+                f"{exc}); install it with pip install -e '.[tb]' (make installs it); "
+                "metrics.jsonl has every record"
+            )
     # A resume has kept metrics records (RunDir.start cut them back to its checkpoint's): the
     # trackers continue their runs. A start from scratch opens new ones.
     resumed = sinks[0].records > 0
@@ -253,8 +269,9 @@ class SinkSet:
     def __init__(self, sinks: list[Sink] | None = None) -> None:
         self.sinks: list[Sink] = list(sinks or [])
 
-    def open(self, run_dir: Path, trackers: tuple[str, ...] = (),
-             params: dict[str, Any] | None = None) -> None:
+    def open(
+        self, run_dir: Path, trackers: tuple[str, ...] = (), params: dict[str, Any] | None = None
+    ) -> None:
         self.sinks += open_sinks(run_dir, trackers=trackers, params=params)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -287,18 +304,31 @@ class LogWindow:
         zero = torch.zeros((), device=device)
         return cls(loss_sum=zero, grad_norm_sum=zero.clone())
 
-    def record(self, *, step: int, epoch: int, lr: float, wall: float, wait: float,
-               world_size: int, skipped_steps: int) -> dict[str, Any]:
+    def record(
+        self,
+        *,
+        step: int,
+        epoch: int,
+        lr: float,
+        wall: float,
+        wait: float,
+        world_size: int,
+        skipped_steps: int,
+    ) -> dict[str, Any]:
         """The interval's metrics record; reading the sums is the interval's host sync."""
         images = self.samples * world_size
         return {
-            "step": step, "epoch": epoch, "loss": (self.loss_sum / self.samples).item(),
-            "lr": lr, "images_per_s": images / max(wall, 1e-9),
+            "step": step,
+            "epoch": epoch,
+            "loss": (self.loss_sum / self.samples).item(),
+            "lr": lr,
+            "images_per_s": images / max(wall, 1e-9),
             "data_wait_frac": wait / max(wall, 1e-9),
             "grad_norm": (self.grad_norm_sum / max(1, self.steps)).item(),
             "skipped_steps": skipped_steps,
             # The interval's own totals, so a lost summary.json can be rebuilt exactly.
-            "interval_s": wall, "images": images,
+            "interval_s": wall,
+            "images": images,
         }
 
 
@@ -328,17 +358,21 @@ class Totals:
 
     def summary(self) -> dict[str, float]:
         nan = float("nan")
-        return {"images_per_s": self.images / self.wall_s if self.wall_s else nan,
-                "data_wait_frac": self.wait_s / self.wall_s if self.wall_s else nan}
+        return {
+            "images_per_s": self.images / self.wall_s if self.wall_s else nan,
+            "data_wait_frac": self.wait_s / self.wall_s if self.wall_s else nan,
+        }
 
 
 def interval_line(record: dict[str, Any]) -> str:
     """One log interval as a plain line for a file: step, epoch, loss, lr, speed, data-wait."""
     skipped = f", skipped {record['skipped_samples']} samples" if "skipped_samples" in record else ""
-    return (f"step {record['step']} epoch {record['epoch']}: loss {record['loss']:.4f}, "
-            f"lr {record['lr']:.4g}, {record['images_per_s']:.1f} img/s, data-wait "
-            f"{100 * record['data_wait_frac']:.1f}%, skipped steps {record['skipped_steps']}"
-            f"{skipped}")
+    return (
+        f"step {record['step']} epoch {record['epoch']}: loss {record['loss']:.4f}, "
+        f"lr {record['lr']:.4g}, {record['images_per_s']:.1f} img/s, data-wait "
+        f"{100 * record['data_wait_frac']:.1f}%, skipped steps {record['skipped_steps']}"
+        f"{skipped}"
+    )
 
 
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:

@@ -31,17 +31,23 @@ class DistInfo:
             world_size = int(env["WORLD_SIZE"])
             if world_size <= 1:
                 return cls()
-            return cls(rank=int(env["RANK"]), world_size=world_size,
-                       local_rank=int(env.get("LOCAL_RANK", "0")),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")))
+            return cls(
+                rank=int(env["RANK"]),
+                world_size=world_size,
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
+            )
         tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
         if tasks <= 1 or "SLURM_PROCID" not in env:
             return cls()
         per_node = _expand_counts(env.get("SLURM_STEP_TASKS_PER_NODE", str(tasks)))
         node = int(env.get("SLURM_NODEID", "0"))
-        return cls(rank=int(env["SLURM_PROCID"]), world_size=tasks,
-                   local_rank=int(env.get("SLURM_LOCALID", "0")),
-                   local_world_size=per_node[node] if node < len(per_node) else per_node[-1])
+        return cls(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=tasks,
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            local_world_size=per_node[node] if node < len(per_node) else per_node[-1],
+        )
 
     @property
     def slurm_step(self) -> bool:

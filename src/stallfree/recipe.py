@@ -83,8 +83,9 @@ class AugmentConfig:
 
     def sizes(self) -> list[int]:
         """Every train size the schedule uses."""
-        return [self.image_size] if isinstance(self.image_size, int) else \
-            [size for _, size in self.image_size]
+        return (
+            [self.image_size] if isinstance(self.image_size, int) else [size for _, size in self.image_size]
+        )
 
     @property
     def val_size(self) -> int:
@@ -211,8 +212,10 @@ class Recipe:
 
 # Keys that moved into a backend's own table: say where, rather than "unknown key".
 _MOVED = {
-    "loader.workers": "loader.torch.workers", "loader.threads": "loader.dali.threads",
-    "loader.device": "loader.dali.device", "loader.dali_decode": "loader.dali.decode",
+    "loader.workers": "loader.torch.workers",
+    "loader.threads": "loader.dali.threads",
+    "loader.device": "loader.dali.device",
+    "loader.dali_decode": "loader.dali.decode",
     "loader.hw_decoder_load": "loader.dali.hw_decoder_load",
 }
 
@@ -222,8 +225,9 @@ def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
     recipe = Recipe()
     for section, table in raw.items():
         if section not in Recipe.__dataclass_fields__:
-            raise RecipeError(f"{source}: unknown table [{section}]; known tables: "
-                              f"{', '.join(Recipe.__dataclass_fields__)}")
+            raise RecipeError(
+                f"{source}: unknown table [{section}]; known tables: {', '.join(Recipe.__dataclass_fields__)}"
+            )
         if not isinstance(table, dict):
             raise RecipeError(f"{source}: [{section}] must be a table, got {table!r}")
     _refuse_moved(raw, source)
@@ -235,11 +239,16 @@ def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
 
 def _refuse_moved(raw: dict[str, Any], source: str) -> None:
     """Every moved key of an old recipe in one message, so that one edit fixes them all."""
-    moved = [f"'{old}' -> '{_MOVED[old]}'" for old in (
-        f"{section}.{key}" for section, table in raw.items() for key in table) if old in _MOVED]
+    moved = [
+        f"'{old}' -> '{_MOVED[old]}'"
+        for old in (f"{section}.{key}" for section, table in raw.items() for key in table)
+        if old in _MOVED
+    ]
     if len(moved) > 1:
-        raise RecipeError(f"{source}: {len(moved)} keys have moved into their backend's table: "
-                          f"{', '.join(moved)}; write each under its new table instead")
+        raise RecipeError(
+            f"{source}: {len(moved)} keys have moved into their backend's table: "
+            f"{', '.join(moved)}; write each under its new table instead"
+        )
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -311,18 +320,23 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(
             f"augment.resize_size ({aug.resize_size}) < the val crop ({aug.val_size}: "
             "augment.val_image_size, else the last augment.image_size); the val center crop "
-            "needs resize_size >= it")
+            "needs resize_size >= it"
+        )
     if aug.auto_augment == "randaugment" and aug.randaugment_m >= aug.magnitude_bins:
-        raise RecipeError(f"augment.randaugment_m = {aug.randaugment_m} must be below "
-                          f"augment.magnitude_bins ({aug.magnitude_bins}); bins count from 0")
+        raise RecipeError(
+            f"augment.randaugment_m = {aug.randaugment_m} must be below "
+            f"augment.magnitude_bins ({aug.magnitude_bins}); bins count from 0"
+        )
     for key in ("hflip", "mix_prob", "random_erasing"):
         if not 0 <= getattr(aug, key) <= 1:
             raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")
     if not 0 <= recipe.train.ema_decay < 1:
         raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
     if recipe.loader.backend != "synthetic" and not recipe.data.root:
-        raise RecipeError(f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
-                          "empty; set it in the recipe or with --set data.root=PATH")
+        raise RecipeError(
+            f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
+            "empty; set it in the recipe or with --set data.root=PATH"
+        )
 
 
 def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
@@ -332,29 +346,42 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     if data.root and "://" not in data.root:  # an object store's URL is checked by its reader
         root = Path(data.root)
         if not root.is_dir():
-            hint = " (run `stallfree data demo data/demo` to build the demo data)" \
-                if "demo" in data.root else ""
+            hint = (
+                " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in data.root else ""
+            )
             raise RecipeError(f"data.root {root} does not exist{hint}")
         for split in ("train", "val") if data.format == "folder" else ():
             if not (root / split).is_dir():
-                raise RecipeError(f"data.root {root} has no {split}/ folder; expected "
-                                  f"{root}/{split}/<class>/<image>")
+                raise RecipeError(
+                    f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>"
+                )
     if data.file_list and not Path(data.file_list).is_file():
-        raise RecipeError(f"data.file_list {data.file_list} does not exist; point it at a file "
-                          "with one image path per line (relative to data.root), or unset it")
+        raise RecipeError(
+            f"data.file_list {data.file_list} does not exist; point it at a file "
+            "with one image path per line (relative to data.root), or unset it"
+        )
     if weights and recipe.model.init_from and not Path(recipe.model.init_from).is_file():
-        raise RecipeError(f"model.init_from = {recipe.model.init_from}: no such file; name a "
-                          "checkpoint, a best.pt or a state dict of the same model")
+        raise RecipeError(
+            f"model.init_from = {recipe.model.init_from}: no such file; name a "
+            "checkpoint, a best.pt or a state dict of the same model"
+        )
 
 
 def _check_size_schedule(sizes: int | list[list[int]]) -> None:
     if isinstance(sizes, int):
         return
     epochs = [pair[0] for pair in sizes if len(pair) == 2]
-    if not sizes or len(epochs) != len(sizes) or epochs[0] != 0 or epochs != sorted(set(epochs)) \
-            or min(size for _, size in sizes) < 1:
-        raise RecipeError(f"augment.image_size = {sizes}; expected a size, or [epoch, size] pairs "
-                          "from epoch 0 in increasing epochs, e.g. [[0, 160], [12, 192]]")
+    if (
+        not sizes
+        or len(epochs) != len(sizes)
+        or epochs[0] != 0
+        or epochs != sorted(set(epochs))
+        or min(size for _, size in sizes) < 1
+    ):
+        raise RecipeError(
+            f"augment.image_size = {sizes}; expected a size, or [epoch, size] pairs "
+            "from epoch 0 in increasing epochs, e.g. [[0, 160], [12, 192]]"
+        )
 
 
 def dump_toml(recipe: Recipe) -> str:

@@ -54,8 +54,11 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
             except RecipeError:
                 continue
         options = " or ".join(
-            ", ".join(map(repr, typing.get_args(o))) if typing.get_origin(o) is Literal
-            else getattr(o, "__name__", str(o)) for o in typing.get_args(annotation))
+            ", ".join(map(repr, typing.get_args(o)))
+            if typing.get_origin(o) is Literal
+            else getattr(o, "__name__", str(o))
+            for o in typing.get_args(annotation)
+        )
         raise RecipeError(f"{where} = {value!r}; expected {options}")
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -65,8 +68,9 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def set_field(table: Any, path: str, key: str, value: Any, source: str,
-              moved: dict[str, str] | None = None) -> None:
+def set_field(
+    table: Any, path: str, key: str, value: Any, source: str, moved: dict[str, str] | None = None
+) -> None:
     """Set `table.key` (the table at dotted `path`) after checking its type and bounds;
     `moved` maps old dotted keys to their new place, for a better message than "unknown"."""
     dotted = f"{path}.{key}"
@@ -74,12 +78,15 @@ def set_field(table: Any, path: str, key: str, value: Any, source: str,
     hints = typing.get_type_hints(type(table))
     if key not in hints:
         if moved and dotted in moved:
-            raise RecipeError(f"{source}: '{dotted}' has moved to '{moved[dotted]}'; write it "
-                              f"under [{moved[dotted].rpartition('.')[0]}] instead")
+            raise RecipeError(
+                f"{source}: '{dotted}' has moved to '{moved[dotted]}'; write it "
+                f"under [{moved[dotted].rpartition('.')[0]}] instead"
+            )
         close = difflib.get_close_matches(key, hints, n=1)
         guess = f"did you mean '{path}.{close[0]}'? " if close else ""
-        raise RecipeError(f"{source}: unknown key '{dotted}'; {guess}known keys in [{path}]: "
-                          f"{', '.join(hints)}")
+        raise RecipeError(
+            f"{source}: unknown key '{dotted}'; {guess}known keys in [{path}]: {', '.join(hints)}"
+        )
     annotation = hints[key]
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
@@ -140,13 +147,15 @@ def _check_declared(cls: type[Any], path: str, source: str) -> None:
     for f in dataclasses.fields(cls):
         hint, where = hints[f.name], f"{source}: {path}.{f.name}"
         if f.default is _UNSET and f.default_factory is _UNSET:
-            raise RecipeError(f"{where} has no default; give every option one (a recipe may "
-                              "leave any key out)")
+            raise RecipeError(
+                f"{where} has no default; give every option one (a recipe may leave any key out)"
+            )
         if not _holdable(hint):
             raise RecipeError(
                 f"{where} is declared {hint}, which a recipe cannot hold: use bool, int, float, "
                 "str, a Literal, a list or str-keyed dict of those, or a nested dataclass "
-                "(TOML has no null: a str defaulting to \"\" rather than None)")
+                '(TOML has no null: a str defaulting to "" rather than None)'
+            )
         default = f.default if f.default is not _UNSET else f.default_factory()
         if dataclasses.is_dataclass(hint):
             _check_declared(hint, f"{path}.{f.name}", source)

@@ -25,12 +25,12 @@ from stallfree.data.decode import decode_resized, jpeg_reduction, open_image
 from stallfree.data.imageio import DEFAULT_MAX_PIXELS, open_rgb
 from stallfree.recipe import AugmentConfig
 
-__all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform",
-           "val_transform"]
+__all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform", "val_transform"]
 
 
-def random_resized_crop_box(width: int, height: int, scale: list[float], ratio: list[float],
-                            rng: random.Random) -> tuple[int, int, int, int]:
+def random_resized_crop_box(
+    width: int, height: int, scale: list[float], ratio: list[float], rng: random.Random
+) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params: (left, top, crop_w, crop_h)."""
     area = width * height
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
@@ -52,8 +52,9 @@ def random_resized_crop_box(width: int, height: int, scale: list[float], ratio: 
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def train_transform(path: str, aug: AugmentConfig, seed: int,
-                    max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def train_transform(
+    path: str, aug: AugmentConfig, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     """Decode, random-resized-crop, flip: uint8 HWC array of image_size x image_size.
 
     Raises BadImageError (before any pixel is decoded where the header tells) for a file that
@@ -66,17 +67,16 @@ def train_transform(path: str, aug: AugmentConfig, seed: int,
     left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip
     # DCT-scaled decode to the smallest size whose crop still covers `size` pixels on both axes.
-    reduce = jpeg_reduction(opened, math.ceil(full_w * size / crop_w),
-                            math.ceil(full_h * size / crop_h))
-    out = decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip,
-                         reduce=reduce)
+    reduce = jpeg_reduction(opened, math.ceil(full_w * size / crop_w), math.ceil(full_h * size / crop_h))
+    out = decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip, reduce=reduce)
     if aug.auto_augment != "none":
-        out = auto_augment(out, aug.auto_augment, rng, n=aug.randaugment_n, m=aug.randaugment_m,
-                           bins=aug.magnitude_bins)
+        out = auto_augment(
+            out, aug.auto_augment, rng, n=aug.randaugment_n, m=aug.randaugment_m, bins=aug.magnitude_bins
+        )
     if aug.random_erasing > 0 and rng.random() < aug.random_erasing:
         out = np.array(out)  # PIL's array is read-only
         top, left, h, w = erasing_box(size, aug, rng)
-        out[top:top + h, left:left + w] = [round(m * 255) for m in aug.mean]
+        out[top : top + h, left : left + w] = [round(m * 255) for m in aug.mean]
     return out
 
 
@@ -88,12 +88,12 @@ def erasing_box(size: int, aug: AugmentConfig, rng: random.Random) -> tuple[int,
     ratio = math.exp(rng.uniform(math.log(aug.erasing_ratio[0]), math.log(aug.erasing_ratio[1])))
     h_frac, w_frac = min(1.0, math.sqrt(area * ratio)), min(1.0, math.sqrt(area / ratio))
     top_frac, left_frac = rng.random() * (1 - h_frac), rng.random() * (1 - w_frac)
-    return (round(top_frac * size), round(left_frac * size), round(h_frac * size),
-            round(w_frac * size))
+    return (round(top_frac * size), round(left_frac * size), round(h_frac * size), round(w_frac * size))
 
 
-def val_transform(path: str, aug: AugmentConfig, seed: int = 0,
-                  max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def val_transform(
+    path: str, aug: AugmentConfig, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     """Decode, resize the shorter side to resize_size, center crop: uint8 HWC array.
 
     Raises BadImageError like `train_transform`.
@@ -105,7 +105,7 @@ def val_transform(path: str, aug: AugmentConfig, seed: int = 0,
     # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).
     left = math.floor((new_w - size) / 2 + 0.5)
     top = math.floor((new_h - size) / 2 + 0.5)
-    return np.ascontiguousarray(resized[top:top + size, left:left + size])
+    return np.ascontiguousarray(resized[top : top + size, left : left + size])
 
 
 def resized_shape(width: int, height: int, short: int) -> tuple[int, int]:

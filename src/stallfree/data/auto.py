@@ -64,15 +64,30 @@ def choose_backend(device: torch.device, local_world_size: int = 1) -> tuple[str
                 return "dali", [], "DALI decodes on this GPU (nvJPEG probe passed)"
             cores = cpu_workers(-1, local_world_size)
             if cores >= _DALI_CPU_MIN_CORES:
-                return ("dali", ['loader.dali.decode="cpu"'],
-                        f"nvJPEG failed ({gpu_problem}); DALI decodes on {cores} CPU cores "
-                        "and augments on the GPU")
-            return "torch", [], (f"nvJPEG failed ({gpu_problem}) and {cores} core(s) per rank "
-                                 f"are under {_DALI_CPU_MIN_CORES} for DALI's CPU decode")
+                return (
+                    "dali",
+                    ['loader.dali.decode="cpu"'],
+                    f"nvJPEG failed ({gpu_problem}); DALI decodes on {cores} CPU cores "
+                    "and augments on the GPU",
+                )
+            return (
+                "torch",
+                [],
+                (
+                    f"nvJPEG failed ({gpu_problem}) and {cores} core(s) per rank "
+                    f"are under {_DALI_CPU_MIN_CORES} for DALI's CPU decode"
+                ),
+            )
         return "torch", [], f"no GPU decode: {dali_problem}"
     if CPU_CHOICE == "dali" and dali_problem is None:
         return "dali", [], "CPU run: DALI's CPU graph measured fastest here"
     if CPU_CHOICE == "dali":
         return "torch", [], f"CPU run: {dali_problem}"
-    return "torch", [], ("CPU run: torch measured within the spread of DALI's CPU graph, in "
-                         "about half the memory (benchmarks/RESULTS.md)")
+    return (
+        "torch",
+        [],
+        (
+            "CPU run: torch measured within the spread of DALI's CPU graph, in "
+            "about half the memory (benchmarks/RESULTS.md)"
+        ),
+    )

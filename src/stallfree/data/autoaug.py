@@ -36,19 +36,26 @@ class Op:
 
     def value(self, magnitude_bin: int, bins: int, negative: bool) -> float:
         """The operation's parameter for a bin (DALI's `magnitudes[bin] * (-1) ** sign`)."""
-        value = self.low if bins == 1 else \
-            self.low + (self.high - self.low) * magnitude_bin / (bins - 1)
+        value = self.low if bins == 1 else self.low + (self.high - self.low) * magnitude_bin / (bins - 1)
         return -value if negative and self.signed else value
 
 
-def _suite(translate: float, shear: float, rotate: float, enhance: tuple[float, float],
-           posterize_bits: float) -> tuple[Op, ...]:
-    return (Op("translate_x", 0, translate, True), Op("translate_y", 0, translate, True),
-            Op("shear_x", 0, shear, True), Op("shear_y", 0, shear, True),
-            Op("rotate", 0, rotate, True),
-            *(Op(name, *enhance, True) for name in ("brightness", "contrast", "color", "sharpness")),
-            Op("posterize", 8, posterize_bits), Op("solarize", 256, 0),
-            Op("equalize"), Op("auto_contrast"), Op("identity"))
+def _suite(
+    translate: float, shear: float, rotate: float, enhance: tuple[float, float], posterize_bits: float
+) -> tuple[Op, ...]:
+    return (
+        Op("translate_x", 0, translate, True),
+        Op("translate_y", 0, translate, True),
+        Op("shear_x", 0, shear, True),
+        Op("shear_y", 0, shear, True),
+        Op("rotate", 0, rotate, True),
+        *(Op(name, *enhance, True) for name in ("brightness", "contrast", "color", "sharpness")),
+        Op("posterize", 8, posterize_bits),
+        Op("solarize", 256, 0),
+        Op("equalize"),
+        Op("auto_contrast"),
+        Op("identity"),
+    )
 
 
 # The largest translation, a share of the crop's side (DALI's max_translate_rel): DALI's
@@ -70,11 +77,14 @@ def _warp(img: torch.Tensor, forward: np.ndarray) -> torch.Tensor:
     to_unit = np.array([[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]])
     from_unit = np.linalg.inv(to_unit)
     theta = (to_unit @ np.vstack([inverse, [0, 0, 1]]) @ from_unit)[:2]
-    grid = F.affine_grid(torch.tensor(theta, dtype=torch.float32)[None], [1, 3, h, w],
-                         align_corners=False)
+    grid = F.affine_grid(torch.tensor(theta, dtype=torch.float32)[None], [1, 3, h, w], align_corners=False)
     # Sampling (img - FILL) with zero padding blends the border towards FILL, as DALI does.
-    out = F.grid_sample(img[None].float() - FILL, grid, mode="bilinear", padding_mode="zeros",
-                        align_corners=False)[0] + FILL
+    out = (
+        F.grid_sample(
+            img[None].float() - FILL, grid, mode="bilinear", padding_mode="zeros", align_corners=False
+        )[0]
+        + FILL
+    )
     return _to_uint8(out)
 
 
@@ -105,8 +115,10 @@ def _translate(img: torch.Tensor, dx: float, dy: float) -> torch.Tensor:
     frac, size, pad = shift - whole, img.shape[axis], abs(whole) + 2
     centred = img.float() - FILL  # zero padding is the fill, as in `_warp`
     padded = F.pad(centred, (pad, pad) if axis == 2 else (0, 0, pad, pad))
-    out = padded.narrow(axis, pad - whole, size) * (1 - frac) \
+    out = (
+        padded.narrow(axis, pad - whole, size) * (1 - frac)
         + padded.narrow(axis, pad - whole - 1, size) * frac
+    )
     return _to_uint8(out + FILL)
 
 
@@ -119,7 +131,7 @@ def _sharpen(img: torch.Tensor, magnitude: float) -> torch.Tensor:
     mode = "reflect" if min(h, w) >= 2 else "replicate"
     x = img.float()
     padded = F.pad(x[None], (1, 1, 1, 1), mode=mode)[0]
-    box = sum(padded[:, i:i + h, j:j + w] for i in range(3) for j in range(3))
+    box = sum(padded[:, i : i + h, j : j + w] for i in range(3) for j in range(3))
     blur = (box + 4 * x) / 13
     return _to_uint8((1 + magnitude) * x - magnitude * blur)
 
@@ -189,8 +201,9 @@ def apply_op(img: torch.Tensor, name: str, value: float) -> torch.Tensor:
     raise ValueError(f"unknown augmentation {name!r}; known: {[op.name for op in SUITES['randaugment']]}")
 
 
-def auto_augment(image: np.ndarray, policy: str, rng: random.Random, *, n: int = 2, m: int = 9,
-                 bins: int = 31) -> np.ndarray:
+def auto_augment(
+    image: np.ndarray, policy: str, rng: random.Random, *, n: int = 2, m: int = 9, bins: int = 31
+) -> np.ndarray:
     """A uint8 HWC crop through RandAugment (`n` operations at bin `m`) or TrivialAugmentWide
     (one operation at a random bin), drawn from `rng`: DALI's sampling, per sample."""
     suite = SUITES[policy]

@@ -70,18 +70,19 @@ def record(loader: LoaderConfig, backend: str, count: int) -> None:
     """Put the chosen `count` in the tuned key, and "auto" beside it as the request."""
     knob = _knob(backend)
     if knob is None:
-        raise ValueError(f"backend {backend!r} has no count that \"auto\" tunes")
+        raise ValueError(f'backend {backend!r} has no count that "auto" tunes')
     table = getattr(loader, knob[0])
     setattr(table, knob[1], count)
     setattr(table, f"{knob[1]}_requested", "auto")
 
 
-def tuned_count(spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
-                ) -> tuple[int, dict[str, Any] | None]:
+def tuned_count(
+    spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
+) -> tuple[int, dict[str, Any] | None]:
     """The count "auto" takes for `spec` (measured once per process), and the figures."""
     knob = _knob(backend)
     if knob is None:
-        raise ValueError(f"backend {backend!r} has no count that \"auto\" tunes")
+        raise ValueError(f'backend {backend!r} has no count that "auto" tunes')
     tuned, figures = autotuned(spec, backend, build)
     return getattr(getattr(tuned.loader, knob[0]), knob[1]), figures
 
@@ -109,8 +110,9 @@ def _rate(loader: Loader, batch_size: int, batches: int) -> float:
     return batches * batch_size / (time.perf_counter() - started)
 
 
-def autotuned(spec: LoaderSpec, backend: str,
-              build: Callable[[LoaderSpec], Loader]) -> tuple[LoaderSpec, dict[str, Any] | None]:
+def autotuned(
+    spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
+) -> tuple[LoaderSpec, dict[str, Any] | None]:
     """`spec` with its "auto" count replaced by the measured best, and the figures (None when
     nothing was "auto")."""
     knob = _knob(backend)
@@ -123,8 +125,9 @@ def autotuned(spec: LoaderSpec, backend: str,
     return _with_count(spec, backend, knob, chosen), figures
 
 
-def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], backend: str,
-             knob: tuple[str, str]) -> tuple[int, dict[str, Any]]:
+def _measure(
+    spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], backend: str, knob: tuple[str, str]
+) -> tuple[int, dict[str, Any]]:
     key = f"loader.{knob[0]}.{knob[1]}"
     rates: dict[int, float] = {}
     started = time.perf_counter()
@@ -139,11 +142,15 @@ def _measure(spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], backend: s
         finally:
             loader.close()
     chosen = max(rates, key=rates.__getitem__)
-    figures = {"key": key, "chosen": chosen,
-               "images_per_s": {str(k): round(v, 1) for k, v in rates.items()},
-               "images_each": batches * spec.batch_size,
-               "seconds": round(time.perf_counter() - started, 1)}
+    figures = {
+        "key": key,
+        "chosen": chosen,
+        "images_per_s": {str(k): round(v, 1) for k, v in rates.items()},
+        "images_each": batches * spec.batch_size,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     if spec.dist.rank == 0:
-        LOGGER.info(f"{key} = auto: {chosen} ("
-                    + ", ".join(f"{k}: {v:.0f} img/s" for k, v in rates.items()) + ")")
+        LOGGER.info(
+            f"{key} = auto: {chosen} (" + ", ".join(f"{k}: {v:.0f} img/s" for k, v in rates.items()) + ")"
+        )
     return chosen, figures

@@ -28,20 +28,35 @@ from stallfree.parallel import cpu_cores
 from stallfree.recipe import DEFAULT_MAX_PIXELS, DataConfig
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
-KINDS = ("zero bytes", "not an image", "truncated", "over the pixel limit",
-         "unsupported format or mode", "decode error", "not an image file type",
-         "missing file or dangling link", "shard mismatch")
+KINDS = (
+    "zero bytes",
+    "not an image",
+    "truncated",
+    "over the pixel limit",
+    "unsupported format or mode",
+    "decode error",
+    "not an image file type",
+    "missing file or dangling link",
+    "shard mismatch",
+)
 
 
 def kind_of(reason: str) -> str:
     """The problem kind of a BadImageError reason."""
     text = reason.lower()
-    rules = (("shard:", "shard mismatch"), ("no such file", "missing file or dangling link"),
-             ("file type", "not an image file type"), ("empty file", "zero bytes"),
-             ("cannot identify", "not an image"),
-             ("not an image", "not an image"), ("truncated", "truncated"),
-             ("max_pixels", "over the pixel limit"), ("not accepted", "unsupported format or mode"),
-             ("pixel mode", "unsupported format or mode"), ("dali", "unsupported format or mode"))
+    rules = (
+        ("shard:", "shard mismatch"),
+        ("no such file", "missing file or dangling link"),
+        ("file type", "not an image file type"),
+        ("empty file", "zero bytes"),
+        ("cannot identify", "not an image"),
+        ("not an image", "not an image"),
+        ("truncated", "truncated"),
+        ("max_pixels", "over the pixel limit"),
+        ("not accepted", "unsupported format or mode"),
+        ("pixel mode", "unsupported format or mode"),
+        ("dali", "unsupported format or mode"),
+    )
     return next((kind for needle, kind in rules if needle in text), "decode error")
 
 
@@ -67,8 +82,10 @@ class CheckReport:
         # The first line says under which rules and limit every file was decoded: a run with
         # the same ones needs no header check at start (data/dataset.py reads it back).
         # The root resolved: the list vouches for that folder's files, not a copy's.
-        head = (f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
-                f"(stallfree {rules_id()}, max_pixels {self.max_pixels})")
+        head = (
+            f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
+            f"(stallfree {rules_id()}, max_pixels {self.max_pixels})"
+        )
         return head + "\n" + "\n".join(lines) + "\n"
 
 
@@ -90,15 +107,17 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
-def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  progress: bool = True) -> CheckReport:
+def check_dataset(
+    root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS, progress: bool = True
+) -> CheckReport:
     """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
     of tar shards, check them whole: see `check_shards`)."""
     root = Path(root)
     _name_interrupted_pack(root)
     if (root / "manifest.json").is_file() or is_shard_folder(root):
-        return check_shards(root, workers=cpu_cores() if workers < 1 else workers,
-                            max_pixels=max_pixels, progress=progress)
+        return check_shards(
+            root, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
+        )
     files = _files(root)
     report = CheckReport(root=root, max_pixels=max_pixels)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
@@ -107,9 +126,13 @@ def check_dataset(root: str | Path, *, workers: int = -1, max_pixels: int = DEFA
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
             report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
     started = time.perf_counter()
-    reasons = decode_all([str(p) for p in images], max_pixels,
-                         cpu_cores() if workers < 1 else workers, desc=f"checking {root}",
-                         progress=progress)
+    reasons = decode_all(
+        [str(p) for p in images],
+        max_pixels,
+        cpu_cores() if workers < 1 else workers,
+        desc=f"checking {root}",
+        progress=progress,
+    )
     for path, reason in zip(images, reasons):
         if reason is None:
             report.good.append(path)
@@ -127,19 +150,24 @@ def _name_interrupted_pack(root: Path) -> None:
 
     left = staging_leftovers(root)
     if left and not root.exists():
-        raise DatasetError(f"{root} does not exist: a `data pack` into it was interrupted and "
-                           f"left {left[0][0]}; run the pack again (it removes that folder)")
+        raise DatasetError(
+            f"{root} does not exist: a `data pack` into it was interrupted and "
+            f"left {left[0][0]}; run the pack again (it removes that folder)"
+        )
     for folder, _ in left:
-        warnings.warn(f"{folder}: left by a `data pack` into {root} that did not finish; "
-                      "remove it", stacklevel=3)
+        warnings.warn(
+            f"{folder}: left by a `data pack` into {root} that did not finish; remove it", stacklevel=3
+        )
 
 
 def summary(report: CheckReport) -> str:
     """The report as text: each bad file with its reason, then counts by kind and by class."""
     lines = [f"BAD {path}: {reason}" for path, reason in report.bad]
     rate = len(report.good) / report.seconds if report.seconds else 0.0
-    lines.append(f"{len(report.good)} good, {len(report.bad)} bad files in {report.root} "
-                 f"({report.seconds:.1f} s, {rate:.0f} good images/s)")
+    lines.append(
+        f"{len(report.good)} good, {len(report.bad)} bad files in {report.root} "
+        f"({report.seconds:.1f} s, {rate:.0f} good images/s)"
+    )
     for kind, count in sorted(report.per_kind.items(), key=lambda kv: KINDS.index(kv[0])):
         lines.append(f"  {kind}: {count}")
     bad_classes = [c for c in sorted(report.per_class) if report.per_class_bad[c]]
@@ -161,8 +189,13 @@ def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
     for entry in shards:
         shard = root / Path(str(entry.get("name", ""))).name
         if shard.is_file() and file_sha256(shard) != entry.get("sha256"):
-            problems.append((shard, "shard: SHA-256 differs from the manifest's: not the shard "
-                                    "that was packed (re-pack, or restore it)"))
+            problems.append(
+                (
+                    shard,
+                    "shard: SHA-256 differs from the manifest's: not the shard "
+                    "that was packed (re-pack, or restore it)",
+                )
+            )
     return problems
 
 
@@ -182,8 +215,7 @@ def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -
     for split in SPLITS:
         listing = dataset.splits[split]
         paths = listing.files
-        reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root} {split}",
-                             progress=progress)
+        reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root} {split}", progress=progress)
         for path, label, reason in zip(paths, listing.labels.tolist(), reasons):
             name = f"{split}/{dataset.classes[label]}"
             report.per_class[name] += 1

@@ -32,9 +32,9 @@ from stallfree.data.imageio import BadImageError, check_header
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.prefetch import DevicePrefetcher
 from stallfree.data.registry import BackendError
+from stallfree.data.startup import cached_bad_files
 from stallfree.errors import StallfreeError, some_of
 from stallfree.log import NATIVE_STDERR
-from stallfree.data.startup import cached_bad_files
 from stallfree.parallel import cpu_workers
 
 try:
@@ -49,14 +49,14 @@ except ImportError as exc:  # only raised when --loader dali is chosen
         raise BackendError(
             f"NVIDIA DALI is installed but does not import: missing module {missing!r}; "
             f"pip install {missing.replace('_', '-')} into the same tree as DALI "
-            "(`stallfree doctor` lists everything missing)") from exc
+            "(`stallfree doctor` lists everything missing)"
+        ) from exc
     raise BackendError(
         "the dali backend needs NVIDIA DALI: pip install 'stallfree[dali]' "
         "(or pip install nvidia-dali-cuda120; dali-cuda130 for a CUDA 13 torch)"
     ) from exc
 
-from stallfree.data.dali_probe import (
-    environment_problem, first_cause, first_undecodable)
+from stallfree.data.dali_probe import environment_problem, first_cause, first_undecodable
 
 # Samples feed DALI through an external source, which DALI's checkpoint does not cover; the
 # loader restarts that source at the next unseen sample itself, as the warning asks.
@@ -65,8 +65,10 @@ warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline w
 # nvJPEG buffer sizes from NVIDIA's ResNet-50 example: big enough for ImageNet's largest
 # images, so buffers are allocated once instead of growing mid-run.
 _GPU_DECODER_HINTS = {
-    "device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512,
-    "preallocate_width_hint": 5_980, "preallocate_height_hint": 6_430,
+    "device_memory_padding": 211_025_920,
+    "host_memory_padding": 140_544_512,
+    "preallocate_width_hint": 5_980,
+    "preallocate_height_hint": 6_430,
 }
 
 
@@ -76,8 +78,14 @@ class DataPipelineError(StallfreeError, RuntimeError):
 
 # Conditionals: the auto-augment policies pick an operation per sample with `if`.
 @pipeline_def(enable_checkpointing=True, enable_conditionals=True)
-def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, decode_device: str,
-                   augment_on_gpu: bool, raw_uint8: bool = False) -> tuple[Any, Any]:
+def image_pipeline(
+    *,
+    source: Callable[[], Iterator[Any]],
+    spec: LoaderSpec,
+    decode_device: str,
+    augment_on_gpu: bool,
+    raw_uint8: bool = False,
+) -> tuple[Any, Any]:
     """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source()`
     yields this rank's batches of one epoch as (encoded bytes, labels, crop sides): the side
     comes with every sample, so one pipeline follows a progressive-resizing schedule.
@@ -87,20 +95,30 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
     """
     aug = spec.augment
     # cycle="raise": the end of the source ends DALI's epoch, and a reset calls `source` again.
-    jpegs, label, size = fn.external_source(source=source, num_outputs=3, batch=True,
-                                            cycle="raise",
-                                            dtype=[types.UINT8, types.INT64, types.FLOAT])
+    jpegs, label, size = fn.external_source(
+        source=source, num_outputs=3, batch=True, cycle="raise", dtype=[types.UINT8, types.INT64, types.FLOAT]
+    )
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
-    hints = _GPU_DECODER_HINTS | {"hw_decoder_load": spec.loader.dali.hw_decoder_load,
-                                  "jpeg_fancy_upsampling": True} if decode_device == "mixed" else {}
+    hints = (
+        _GPU_DECODER_HINTS
+        | {"hw_decoder_load": spec.loader.dali.hw_decoder_load, "jpeg_fancy_upsampling": True}
+        if decode_device == "mixed"
+        else {}
+    )
     # Bilinear with antialiasing is what PIL's resize does: the torch backend's interpolation.
     resize = {"interp_type": types.INTERP_LINEAR, "antialias": True}
     if spec.train:
         # ROI decode fused with RandomResizedCrop: only the crop's pixels are decoded.
         images = fn.decoders.image_random_crop(
-            jpegs, device=decode_device, output_type=types.RGB, random_area=aug.scale,
-            random_aspect_ratio=aug.ratio, num_attempts=10, **hints)
+            jpegs,
+            device=decode_device,
+            output_type=types.RGB,
+            random_area=aug.scale,
+            random_aspect_ratio=aug.ratio,
+            num_attempts=10,
+            **hints,
+        )
         if augment_on_gpu and decode_device == "cpu":
             images = images.gpu()
         images = fn.resize(images, resize_x=size, resize_y=size, **resize)
@@ -119,30 +137,47 @@ def image_pipeline(*, source: Callable[[], Iterator[Any]], spec: LoaderSpec, dec
         images = fn.resize(images, resize_shorter=aug.resize_size, **resize)
         mirror = 0
     if raw_uint8:
-        images = fn.crop_mirror_normalize(images, crop_h=size, crop_w=size, crop_pos_x=0.5,
-                                          crop_pos_y=0.5, mirror=mirror, dtype=types.UINT8,
-                                          output_layout="HWC")
+        images = fn.crop_mirror_normalize(
+            images,
+            crop_h=size,
+            crop_w=size,
+            crop_pos_x=0.5,
+            crop_pos_y=0.5,
+            mirror=mirror,
+            dtype=types.UINT8,
+            output_layout="HWC",
+        )
         return images, label
     images = fn.crop_mirror_normalize(
-        images, crop_h=size, crop_w=size, crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror,
-        mean=[m * 255 for m in aug.mean], std=[s * 255 for s in aug.std],
+        images,
+        crop_h=size,
+        crop_w=size,
+        crop_pos_x=0.5,
+        crop_pos_y=0.5,
+        mirror=mirror,
+        mean=[m * 255 for m in aug.mean],
+        std=[s * 255 for s in aug.std],
         dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
-        output_layout="HWC" if spec.channels_last else "CHW")
+        output_layout="HWC" if spec.channels_last else "CHW",
+    )
     return images, label.gpu() if augment_on_gpu else label
 
 
 def _auto_augment(images: Any, aug: Any) -> Any:
     """augment.auto_augment in the graph: DALI's own suites, with the translation range and
     fill that `stallfree.data.autoaug` (the torch backend's twin) declares."""
-    common = {"num_magnitude_bins": aug.magnitude_bins, "shape": images.shape(),
-              "max_translate_rel": MAX_TRANSLATE[aug.auto_augment], "fill_value": FILL}
+    common = {
+        "num_magnitude_bins": aug.magnitude_bins,
+        "shape": images.shape(),
+        "max_translate_rel": MAX_TRANSLATE[aug.auto_augment],
+        "fill_value": FILL,
+    }
     with warnings.catch_warnings():
         # DALI's suites call the deprecated experimental aliases of filter and equalize, and
         # DALI forces that warning past every filter, once per operation and run.
         warnings.showwarning = lambda *args, **kwargs: None
         if aug.auto_augment == "randaugment":
-            return rand_augment.rand_augment(images, n=aug.randaugment_n, m=aug.randaugment_m,
-                                             **common)
+            return rand_augment.rand_augment(images, n=aug.randaugment_n, m=aug.randaugment_m, **common)
         return trivial_augment.trivial_augment_wide(images, **common)
 
 
@@ -154,11 +189,19 @@ def _random_erasing(images: Any, aug: Any) -> Any:
     h_frac = dmath.min(dmath.sqrt(area * ratio), 1.0)
     w_frac = dmath.min(dmath.sqrt(area / ratio), 1.0)
     on = fn.cast(fn.random.coin_flip(probability=aug.random_erasing), dtype=types.FLOAT)
-    anchor = fn.stack(fn.random.uniform(range=[0.0, 1.0]) * (1.0 - h_frac),
-                      fn.random.uniform(range=[0.0, 1.0]) * (1.0 - w_frac))
-    return fn.erase(images, anchor=anchor, shape=fn.stack(h_frac * on, w_frac * on),
-                    axis_names="HW", normalized_anchor=True, normalized_shape=True,
-                    fill_value=[float(round(m * 255)) for m in aug.mean])
+    anchor = fn.stack(
+        fn.random.uniform(range=[0.0, 1.0]) * (1.0 - h_frac),
+        fn.random.uniform(range=[0.0, 1.0]) * (1.0 - w_frac),
+    )
+    return fn.erase(
+        images,
+        anchor=anchor,
+        shape=fn.stack(h_frac * on, w_frac * on),
+        axis_names="HW",
+        normalized_anchor=True,
+        normalized_shape=True,
+        fill_value=[float(round(m * 255)) for m in aug.mean],
+    )
 
 
 class DaliLoader(ShardedLoader):
@@ -169,13 +212,11 @@ class DaliLoader(ShardedLoader):
             raise BackendError("the dali backend needs a dataset listing (data.root)")
         opts = spec.loader.dali
         # DALI needs at least one thread: 0 means "derive it", like -1.
-        self.threads = cpu_workers(opts.threads if opts.threads != 0 else -1,
-                                   spec.dist.local_world_size)
+        self.threads = cpu_workers(opts.threads if opts.threads != 0 else -1, spec.dist.local_world_size)
         # Sample i of the plan is listing entry kept[i] (all of them unless files are skipped).
         self._kept = _usable_ids(spec, self.threads)
         n = len(spec.listing) if self._kept is None else len(self._kept)
-        super().__init__(n, batch_size=spec.batch_size, dist=spec.dist,
-                         train=spec.train, seed=spec.seed)
+        super().__init__(n, batch_size=spec.batch_size, dist=spec.dist, train=spec.train, seed=spec.seed)
         # Files left out by data.on_error = skip count as skipped once per epoch (on rank 0,
         # so that the all-ranks sum is their number).
         self._left_out = len(spec.listing) - n if spec.dist.rank == 0 else 0
@@ -186,9 +227,11 @@ class DaliLoader(ShardedLoader):
         self.decode_device = "mixed" if gpu and opts.decode == "auto" else "cpu"
         self.augment_on_gpu = gpu
         # A CPU graph feeding a GPU run hands over uint8; the prefetcher normalises on the GPU.
-        self.prefetcher = DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std,
-                                           spec.dtype, spec.channels_last) \
-            if spec.device.type == "cuda" and not gpu else None
+        self.prefetcher = (
+            DevicePrefetcher(spec.device, spec.augment.mean, spec.augment.std, spec.dtype, spec.channels_last)
+            if spec.device.type == "cuda" and not gpu
+            else None
+        )
         self._iterator: DALIGenericIterator | None = None
         self._ended = False  # the live pipeline finished an epoch and awaits its reset
         self._feed_start = 0  # where the source starts in the epoch's order (set before a reset)
@@ -205,16 +248,23 @@ class DaliLoader(ShardedLoader):
             NATIVE_STDERR.acquire()
             self._routing = True
         pipe = image_pipeline(
-            source=self._feed, spec=spec, decode_device=self.decode_device,
-            augment_on_gpu=self.augment_on_gpu, raw_uint8=self.prefetcher is not None,
-            batch_size=spec.batch_size, num_threads=self.threads, device_id=self.device_id,
+            source=self._feed,
+            spec=spec,
+            decode_device=self.decode_device,
+            augment_on_gpu=self.augment_on_gpu,
+            raw_uint8=self.prefetcher is not None,
+            batch_size=spec.batch_size,
+            num_threads=self.threads,
+            device_id=self.device_id,
             seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, self.position),
-            prefetch_queue_depth=max(1, spec.loader.prefetch), checkpoint=self._checkpoint,
+            prefetch_queue_depth=max(1, spec.loader.prefetch),
+            checkpoint=self._checkpoint,
         )
         self._checkpoint = None
         policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
-        return DALIGenericIterator([pipe], ["images", "labels"], size=-1,
-                                   last_batch_policy=policy, auto_reset=False)
+        return DALIGenericIterator(
+            [pipe], ["images", "labels"], size=-1, last_batch_policy=policy, auto_reset=False
+        )
 
     def _listing_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self._kept is None else self._kept[ids]
@@ -232,9 +282,11 @@ class DaliLoader(ShardedLoader):
         side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
         for ids in self.plan.batches(self.epoch_order()[0], self._feed_start):
             ids = self._listing_ids(ids)
-            kept = [(data, np.array([label], dtype=np.int64)) for path, label in
-                    zip(listing.paths(ids), listing.labels[ids].tolist())
-                    if (data := self._screened(path)) is not None]
+            kept = [
+                (data, np.array([label], dtype=np.int64))
+                for path, label in zip(listing.paths(ids), listing.labels[ids].tolist())
+                if (data := self._screened(path)) is not None
+            ]
             images, labels = [k[0] for k in kept], [k[1] for k in kept]
             self._fed.append(len(kept))
             if images:
@@ -292,11 +344,13 @@ class DaliLoader(ShardedLoader):
         environment = environment_problem(str(exc))
         if environment is not None:
             return environment
-        in_flight = itertools.islice(self.plan.batches(self.epoch_order()[0], self.position),
-                                     self.spec.loader.prefetch + 2)
+        in_flight = itertools.islice(
+            self.plan.batches(self.epoch_order()[0], self.position), self.spec.loader.prefetch + 2
+        )
         assert self.spec.listing is not None
-        culprit = first_undecodable(self.spec.listing.paths(
-            self._listing_ids(np.concatenate([*in_flight, np.zeros(0, np.int64)]))))
+        culprit = first_undecodable(
+            self.spec.listing.paths(self._listing_ids(np.concatenate([*in_flight, np.zeros(0, np.int64)])))
+        )
         if culprit is not None:
             return BadImageError(culprit[0], f"DALI cannot decode it: {culprit[1]}")
         return DataPipelineError(f"the DALI pipeline stopped: {first_cause(str(exc))}")
@@ -306,14 +360,21 @@ class DaliLoader(ShardedLoader):
         # the accumulation window (and DDP's collectives) stay in step.
         side, raw = self.spec.crop_size(self.epoch), self.prefetcher is not None
         hwc = raw or self.spec.channels_last
-        empty = [{"images": torch.zeros((0, side, side, 3) if hwc else (0, 3, side, side),
-                                        dtype=torch.uint8 if raw else self.spec.dtype),
-                  "labels": torch.zeros(0, dtype=torch.int64)}]
+        empty = [
+            {
+                "images": torch.zeros(
+                    (0, side, side, 3) if hwc else (0, 3, side, side),
+                    dtype=torch.uint8 if raw else self.spec.dtype,
+                ),
+                "labels": torch.zeros(0, dtype=torch.int64),
+            }
+        ]
         outputs = (empty if data is None else data for data in self._until_epoch_end(iterator))
         if self.prefetcher is None:
             return (self._to_batch(data[0]) for data in outputs)
-        return self.prefetcher((data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long())
-                               for data in outputs)
+        return self.prefetcher(
+            (data[0]["images"].pin_memory(), data[0]["labels"].reshape(-1).long()) for data in outputs
+        )
 
     def _until_epoch_end(self, iterator: DALIGenericIterator) -> Iterator[Any]:
         """The epoch's remaining outputs, None for a batch of only skipped files. DALI's end
@@ -353,8 +414,9 @@ class DaliLoader(ShardedLoader):
         if images.dtype != self.spec.dtype:
             images = images.to(self.spec.dtype)
         labels = out["labels"].reshape(-1).long()
-        return Batch(images.to(self.spec.device, non_blocking=True),
-                     labels.to(self.spec.device, non_blocking=True))
+        return Batch(
+            images.to(self.spec.device, non_blocking=True), labels.to(self.spec.device, non_blocking=True)
+        )
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch and self._iterator is not None and not self._ended:
@@ -411,15 +473,20 @@ def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
         if bad:
             raise bad[0]
         return None
-    bad_files = cached_bad_files(spec.listing, sources=spec.sources, max_pixels=spec.max_pixels,
-                                 workers=threads, dist=spec.dist)
+    bad_files = cached_bad_files(
+        spec.listing, sources=spec.sources, max_pixels=spec.max_pixels, workers=threads, dist=spec.dist
+    )
     if not bad_files:
         return None
     named = [f"{path}: {reason}" for path, reason in bad_files.items()]
-    warnings.warn(f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
-                  f"left out: {some_of(named)}", stacklevel=3)
-    return np.array([i for i, path in enumerate(spec.listing.iter_paths())
-                     if path not in bad_files], dtype=np.int64)
+    warnings.warn(
+        f"data.on_error = skip: {len(bad_files)} file(s) of the {spec.split} split "
+        f"left out: {some_of(named)}",
+        stacklevel=3,
+    )
+    return np.array(
+        [i for i, path in enumerate(spec.listing.iter_paths()) if path not in bad_files], dtype=np.int64
+    )
 
 
 def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:
@@ -429,9 +496,14 @@ def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:
 
 def _is_memory_error(exc: BaseException) -> bool:
     text = str(exc).lower()
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text \
-        or "bad_alloc" in text or "can't allocate" in text or "cudaerrormemoryallocation" in text \
+    return (
+        isinstance(exc, torch.OutOfMemoryError)
+        or "out of memory" in text
+        or "bad_alloc" in text
+        or "can't allocate" in text
+        or "cudaerrormemoryallocation" in text
         or "cuda allocation failed" in text
+    )
 
 
 def build(spec: LoaderSpec) -> Loader:

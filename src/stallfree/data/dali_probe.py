@@ -16,11 +16,16 @@ from nvidia.dali import fn, pipeline_def, types
 from stallfree.data.headers import read_bytes
 from stallfree.errors import StallfreeError
 
-
 # What a missing library or a pipeline that cannot be built says: the environment's fault,
 # never an image's (every pipeline would fail, the first good JPEG would be blamed).
-_ENVIRONMENT = ("dlopen", "cannot open shared object", "critical error when building pipeline",
-                "libnvimgcodec", "failed to load nvjpeg", "libnvjpeg")
+_ENVIRONMENT = (
+    "dlopen",
+    "cannot open shared object",
+    "critical error when building pipeline",
+    "libnvimgcodec",
+    "failed to load nvjpeg",
+    "libnvjpeg",
+)
 
 
 class DaliEnvironmentError(StallfreeError, RuntimeError):
@@ -35,11 +40,15 @@ def environment_problem(text: str) -> DaliEnvironmentError | None:
     if not any(needle in lowered for needle in _ENVIRONMENT):
         return None
     if "nvimgcodec" in lowered:
-        what = ("DALI cannot load libnvimgcodec: install nvidia-nvimgcodec-cu13 (or -cu12, as "
-                "DALI's CUDA) into the same tree as DALI")
+        what = (
+            "DALI cannot load libnvimgcodec: install nvidia-nvimgcodec-cu13 (or -cu12, as "
+            "DALI's CUDA) into the same tree as DALI"
+        )
     elif "nvjpeg" in lowered:
-        what = ("DALI cannot load nvjpeg: install nvidia-nvjpeg (CUDA 13) or nvidia-nvjpeg-cu12 "
-                "into the same tree as DALI")
+        what = (
+            "DALI cannot load nvjpeg: install nvidia-nvjpeg (CUDA 13) or nvidia-nvjpeg-cu12 "
+            "into the same tree as DALI"
+        )
     else:
         what = f"the DALI pipeline cannot be built here: {first_cause(text)}"
     return DaliEnvironmentError(what)
@@ -48,9 +57,17 @@ def environment_problem(text: str) -> DaliEnvironmentError | None:
 def first_cause(text: str) -> str:
     """The line of a DALI error that says what went wrong, not where in DALI it happened."""
     lines = [_ANSI.sub("", line).strip() for line in text.splitlines() if line.strip()]
-    skip = ("Critical error in pipeline", "Error in CPU operator", "Error in MIXED operator",
-            "Error in GPU operator", "Current pipeline object", "Stacktrace", "which was used",
-            "File ", "encountered:")
+    skip = (
+        "Critical error in pipeline",
+        "Error in CPU operator",
+        "Error in MIXED operator",
+        "Error in GPU operator",
+        "Current pipeline object",
+        "Stacktrace",
+        "which was used",
+        "File ",
+        "encountered:",
+    )
     useful = [line for line in lines if not line.startswith(skip)]
     return (useful or lines or ["(no message)"])[0][:300]
 
@@ -61,9 +78,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
 def _probe_pipeline(paths: list[str]) -> Any:
     # Bytes fed one file at a time: files and tar members alike, nothing extracted.
-    encoded = fn.external_source(source=(
-        [np.frombuffer(read_bytes(path), dtype=np.uint8)] for path in paths), batch=True,
-        dtype=types.UINT8)
+    encoded = fn.external_source(
+        source=([np.frombuffer(read_bytes(path), dtype=np.uint8)] for path in paths),
+        batch=True,
+        dtype=types.UINT8,
+    )
     return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
 
 
@@ -86,7 +105,8 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
                 pipe.build()
             except RuntimeError as exc:  # before any file is read: not a file's fault
                 raise environment_problem(str(exc)) or DaliEnvironmentError(
-                    f"the DALI pipeline cannot be built here: {first_cause(str(exc))}") from None
+                    f"the DALI pipeline cannot be built here: {first_cause(str(exc))}"
+                ) from None
             for done in range(len(paths)):  # noqa: B007 - read after the loop, on failure
                 log.seek(0)
                 log.truncate()
@@ -100,8 +120,11 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
             os.dup2(saved, 2)
             os.close(saved)
         log.seek(0)
-        logged = [line for line in log.read().decode(errors="replace").splitlines()
-                  if "ERROR" in line or "rror" in line]
+        logged = [
+            line
+            for line in log.read().decode(errors="replace").splitlines()
+            if "ERROR" in line or "rror" in line
+        ]
     cause = first_cause(logged[-1]) if logged else first_cause(str(error))
     return paths[done], re.sub(r"^\[ERROR[^\]]*\]\s*(\[\w+\]\s*)?", "", cause)
 
@@ -144,6 +167,8 @@ def probe_gpu_decode() -> tuple[bool, str]:
     fell_back = "fall" in said.lower() and "back" in said.lower() or "nvjpeg" in said.lower()
     on_gpu = type(out).__name__ == "TensorListGPU"
     if fell_back or not on_gpu:
-        return False, ("the mixed decoder fell back to the CPU: "
-                       f"{first_cause(said) if said.strip() else 'output not on the GPU'}")
+        return False, (
+            "the mixed decoder fell back to the CPU: "
+            f"{first_cause(said) if said.strip() else 'output not on the GPU'}"
+        )
     return True, "one JPEG decoded by nvJPEG on GPU 0 (no CPU fallback)"

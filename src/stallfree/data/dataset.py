@@ -21,7 +21,8 @@ from stallfree.recipe import DataConfig, Recipe
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
 # version's rules and pixel limit needs no header check at start, for the root it names.
 CHECKED_LIST = re.compile(
-    r"^# stallfree data check (.*): \d+ good files \(stallfree (\S+), max_pixels (\d+)\)\s*$")
+    r"^# stallfree data check (.*): \d+ good files \(stallfree (\S+), max_pixels (\d+)\)\s*$"
+)
 
 
 def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
@@ -63,19 +64,19 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     val, val_subs = _list_split(root, "val", classes)
     _warn_unmeasured(val_dir, classes, val)
     # Sub-folders too: a file replaced in one moves its time, not the class folder's.
-    sources = (*(str(root / split / name) for split in SPLITS for name in classes),
-               *train_subs, *val_subs)
-    return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val},
-                   sources=sources)
+    sources = (*(str(root / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
+    return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
 
 
 def _warn_unmeasured(val_dir: Path, classes: tuple[str, ...], val: Listing) -> None:
     present = set(val.labels.tolist())
     missing = [name for label, name in enumerate(classes) if label not in present]
     if missing:
-        warnings.warn(f"{val_dir} has no folder or no images for {len(missing)} training "
-                      f"class(es): {some_of(missing)}; their accuracy is not measured",
-                      stacklevel=3)
+        warnings.warn(
+            f"{val_dir} has no folder or no images for {len(missing)} training "
+            f"class(es): {some_of(missing)}; their accuracy is not measured",
+            stacklevel=3,
+        )
 
 
 def _check_root(root_text: str) -> Path:
@@ -88,7 +89,8 @@ def _check_root(root_text: str) -> Path:
     for split in SPLITS:
         if not (root / split).is_dir():
             raise DatasetError(
-                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>")
+                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>"
+            )
     return root
 
 
@@ -146,8 +148,9 @@ def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = N
     return _list_split(root, split, classes)[0]
 
 
-def _list_split(root: str | Path, split: str,
-                classes: tuple[str, ...] | None = None) -> tuple[Listing, list[str]]:
+def _list_split(
+    root: str | Path, split: str, classes: tuple[str, ...] | None = None
+) -> tuple[Listing, list[str]]:
     """The split's listing and every sub-folder of a class folder it walked (cache sources)."""
     split_dir = Path(root) / split
     if not split_dir.is_dir():
@@ -169,13 +172,17 @@ def _list_split(root: str | Path, split: str,
         left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
         files = [f"{name}/{f}" for f in files if _accepted(f)]
         if not files and split == "train":
-            raise DatasetError(f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
-                               "add images or remove the folder")
+            raise DatasetError(
+                f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
+                "add images or remove the folder"
+            )
         builder.add(files, label)
     if left_out:
-        warnings.warn(f"{split_dir}: left out {len(left_out)} file(s) that are not of an accepted "
-                      f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
-                      stacklevel=3)
+        warnings.warn(
+            f"{split_dir}: left out {len(left_out)} file(s) that are not of an accepted "
+            f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
+            stacklevel=3,
+        )
     if not len(builder):
         raise DatasetError(f"{split_dir} has no images ({', '.join(IMAGE_EXTENSIONS)})")
     return builder.build(), sub_folders
@@ -189,8 +196,10 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     split keeps the list's order within a class, classes in train's order.
     """
     if not path.is_file():
-        raise DatasetError(f"data.file_list {path} does not exist; point it at a file with one "
-                           "image path per line (relative to data.root), or unset it")
+        raise DatasetError(
+            f"data.file_list {path} does not exist; point it at a file with one "
+            "image path per line (relative to data.root), or unset it"
+        )
     index = {name: label for label, name in enumerate(classes)}
     tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
     checked_by, left_out = None, []
@@ -208,14 +217,18 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
             if len(parts) < 3 or parts[0] not in SPLITS or parts[1] not in index:
                 raise DatasetError(
                     f"{path}:{number}: {text!r} is not SPLIT/CLASS/[SUB/]FILE under data.root "
-                    f"{root} with a class of {root / 'train'}; fix the line or data.root")
+                    f"{root} with a class of {root / 'train'}; fix the line or data.root"
+                )
             if not _accepted(parts[-1]):
                 left_out.append(text)
                 continue
             tails[parts[0]][index[parts[1]]].append("/".join(parts[1:]))
     if left_out:
-        warnings.warn(f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
-                      f"image type: {some_of(left_out, 5)}", stacklevel=3)
+        warnings.warn(
+            f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
+            f"image type: {some_of(left_out, 5)}",
+            stacklevel=3,
+        )
     _check_every_class_listed(path, root, classes, tails["train"])
     splits = {}
     for split in SPLITS:
@@ -227,8 +240,9 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
         splits[split] = builder.build()
     _warn_unmeasured(root / "val", classes, splits["val"])
     folders = [str(root / split / name) for split in SPLITS for name in classes]
-    return Dataset(root=str(root), classes=classes, splits=splits,
-                   sources=(str(path), *folders), checked_by=checked_by)
+    return Dataset(
+        root=str(root), classes=classes, splits=splits, sources=(str(path), *folders), checked_by=checked_by
+    )
 
 
 def _same_root(checked: str, root: Path) -> bool:
@@ -239,16 +253,19 @@ def _same_root(checked: str, root: Path) -> bool:
     return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
 
 
-def _check_every_class_listed(path: Path, root: Path, classes: tuple[str, ...],
-                              train: list[list[str]]) -> None:
+def _check_every_class_listed(
+    path: Path, root: Path, classes: tuple[str, ...], train: list[list[str]]
+) -> None:
     """A train class the list names no image of is an error, as an empty class folder is:
     a label the model could never learn."""
     empty = [repr(name) for name, names in zip(classes, train, strict=True) if not names]
     if empty:
-        raise DatasetError(f"data.file_list {path} names no train images of class "
-                           f"{some_of(empty)} (a class folder of {root / 'train'}); add its "
-                           "images to the list, or remove the folder (train's class folders "
-                           "are the label map)")
+        raise DatasetError(
+            f"data.file_list {path} names no train images of class "
+            f"{some_of(empty)} (a class folder of {root / 'train'}); add its "
+            "images to the list, or remove the folder (train's class folders "
+            "are the label map)"
+        )
 
 
 def _relative(text: str, bases: list[str]) -> str:

@@ -52,8 +52,9 @@ class Opened:
     @property
     def scalable(self) -> bool:
         """Whether a DCT-scaled decode is possible: an upright JPEG."""
-        return self.data is not None or (self.img is not None and self.img.format == "JPEG"
-                                         and self.orientation == 1)
+        return self.data is not None or (
+            self.img is not None and self.img.format == "JPEG" and self.orientation == 1
+        )
 
 
 def open_image(path: str, max_pixels: int) -> Opened:
@@ -75,7 +76,7 @@ def _open_plain_jpeg(path: str, max_pixels: int) -> Opened | None:
     data = read_bytes(path)
     if data[:3] != b"\xff\xd8\xff":
         return None
-    head = data[:1 << 16]
+    head = data[: 1 << 16]
     problem, header_end = jpeg_header_walk(head)
     if problem or header_end >= len(head) or jpeg_exif_orientation(data[:header_end]) != 1:
         return None  # PIL names the problem, or applies the rotation
@@ -102,8 +103,15 @@ def jpeg_reduction(opened: Opened, need_w: int, need_h: int) -> int:
     return 1
 
 
-def decode_resized(opened: Opened, box: tuple[int, int, int, int], width: int, height: int, *,
-                   flip: bool = False, reduce: int = 1) -> np.ndarray:
+def decode_resized(
+    opened: Opened,
+    box: tuple[int, int, int, int],
+    width: int,
+    height: int,
+    *,
+    flip: bool = False,
+    reduce: int = 1,
+) -> np.ndarray:
     """Decode `opened` (DCT-scaled by `reduce`, see `jpeg_reduction`), crop `box` = (left, top,
     w, h) in full-image pixels, resize it to width x height (bilinear, antialiased) and mirror
     it if `flip`: a contiguous HWC uint8 RGB array.
@@ -114,17 +122,25 @@ def decode_resized(opened: Opened, box: tuple[int, int, int, int], width: int, h
     if opened.data is not None:
         try:
             pixels = simplejpeg.decode_jpeg(
-                opened.data, colorspace="RGB", min_width=math.ceil(opened.width / reduce),
-                min_height=math.ceil(opened.height / reduce), min_factor=reduce)
+                opened.data,
+                colorspace="RGB",
+                min_width=math.ceil(opened.width / reduce),
+                min_height=math.ceil(opened.height / reduce),
+                min_factor=reduce,
+            )
         except ValueError:
             # libjpeg-turbo's warnings are errors under strict mode (corrupt data); PIL decides
             # those files as it always did: decoded, or named in a BadImageError.
             img, _ = open_lazy(opened.path, opened.width * opened.height)
             opened = Opened(opened.path, opened.width, opened.height, img)
         else:
-            return _resize_array(pixels, _scaled_box(box, pixels.shape[1] / opened.width,
-                                                     pixels.shape[0] / opened.height),
-                                 width, height, flip)
+            return _resize_array(
+                pixels,
+                _scaled_box(box, pixels.shape[1] / opened.width, pixels.shape[0] / opened.height),
+                width,
+                height,
+                flip,
+            )
     img = opened.img
     assert img is not None
     if reduce > 1:
@@ -132,8 +148,9 @@ def decode_resized(opened: Opened, box: tuple[int, int, int, int], width: int, h
     img = decode_rgb(img, opened.orientation, opened.path)
     sx, sy = img.width / opened.width, img.height / opened.height
     left, top, w, h = box
-    img = img.resize((width, height), Image.BILINEAR,
-                     box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+    img = img.resize(
+        (width, height), Image.BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+    )
     return np.array(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img)
 
 
@@ -146,15 +163,17 @@ def _scaled_box(box: tuple[int, int, int, int], sx: float, sy: float) -> tuple[i
     return x0, y0, max(1, round((left + w) * sx) - x0), max(1, round((top + h) * sy) - y0)
 
 
-def _resize_array(pixels: np.ndarray, box: tuple[int, int, int, int], width: int, height: int,
-                  flip: bool) -> np.ndarray:
+def _resize_array(
+    pixels: np.ndarray, box: tuple[int, int, int, int], width: int, height: int, flip: bool
+) -> np.ndarray:
     left, top, w, h = box
-    view = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, top:top + h, left:left + w]
+    view = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, top : top + h, left : left + w]
     # Channels-last in: torch's vectorised uint8 kernel (Pillow-SIMD's), and HWC memory out.
     out = view.contiguous(memory_format=torch.channels_last)
     if (w, h) != (width, height):
-        out = torch.nn.functional.interpolate(out, size=(height, width), mode="bilinear",
-                                              antialias=True, align_corners=False)
+        out = torch.nn.functional.interpolate(
+            out, size=(height, width), mode="bilinear", antialias=True, align_corners=False
+        )
     if flip:
         out = out.flip(3)  # torch's flip: 10x numpy's strided copy of a mirrored HWC view
     return out[0].permute(1, 2, 0).contiguous().numpy()

@@ -21,8 +21,9 @@ Shape = Callable[[ImageDraw.ImageDraw, float, float, float, float, Color, Color]
 
 
 def _polygon(sides: int, star: bool = False) -> Shape:
-    def draw(d: ImageDraw.ImageDraw, cx: float, cy: float, r: float, rot: float, col: Color,
-             bg: Color) -> None:
+    def draw(
+        d: ImageDraw.ImageDraw, cx: float, cy: float, r: float, rot: float, col: Color, bg: Color
+    ) -> None:
         points = []
         count = sides * 2 if star else sides
         for k in range(count):
@@ -30,6 +31,7 @@ def _polygon(sides: int, star: bool = False) -> Shape:
             angle = rot + 2 * math.pi * k / count
             points.append((cx + radius * math.cos(angle), cy + radius * math.sin(angle)))
         d.polygon(points, fill=col)
+
     return draw
 
 
@@ -45,8 +47,15 @@ def _cross(d, cx, cy, r, rot, col, bg) -> None:  # type: ignore[no-untyped-def]
     w = r * 0.32
     for a in (rot, rot + math.pi / 2):
         dx, dy, px, py = math.cos(a) * r, math.sin(a) * r, -math.sin(a) * w, math.cos(a) * w
-        d.polygon([(cx - dx + px, cy - dy + py), (cx + dx + px, cy + dy + py),
-                   (cx + dx - px, cy + dy - py), (cx - dx - px, cy - dy - py)], fill=col)
+        d.polygon(
+            [
+                (cx - dx + px, cy - dy + py),
+                (cx + dx + px, cy + dy + py),
+                (cx + dx - px, cy + dy - py),
+                (cx - dx - px, cy - dy - py),
+            ],
+            fill=col,
+        )
 
 
 def _crescent(d, cx, cy, r, rot, col, bg) -> None:  # type: ignore[no-untyped-def]
@@ -60,8 +69,9 @@ def _stripes(d, cx, cy, r, rot, col, bg) -> None:  # type: ignore[no-untyped-def
         off = k * r * 0.3
         px, py = -math.sin(rot) * off, math.cos(rot) * off
         dx, dy = math.cos(rot) * r, math.sin(rot) * r
-        d.line((cx - dx + px, cy - dy + py, cx + dx + px, cy + dy + py), fill=col,
-               width=max(2, int(r * 0.12)))
+        d.line(
+            (cx - dx + px, cy - dy + py, cx + dx + px, cy + dy + py), fill=col, width=max(2, int(r * 0.12))
+        )
 
 
 def _checker(d, cx, cy, r, rot, col, bg) -> None:  # type: ignore[no-untyped-def]
@@ -74,9 +84,16 @@ def _checker(d, cx, cy, r, rot, col, bg) -> None:  # type: ignore[no-untyped-def
 
 
 CLASSES: dict[str, Shape] = {
-    "circle": _circle, "square": _polygon(4), "triangle": _polygon(3), "hexagon": _polygon(6),
-    "star": _polygon(5, star=True), "cross": _cross, "ring": _ring, "crescent": _crescent,
-    "stripes": _stripes, "checker": _checker,
+    "circle": _circle,
+    "square": _polygon(4),
+    "triangle": _polygon(3),
+    "hexagon": _polygon(6),
+    "star": _polygon(5, star=True),
+    "cross": _cross,
+    "ring": _ring,
+    "crescent": _crescent,
+    "stripes": _stripes,
+    "checker": _checker,
 }
 SPLITS = {"train": 0, "val": 1}
 
@@ -90,9 +107,11 @@ def pink_noise(height: int, width: int, rng: np.random.Generator, alpha: float =
     fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
     freq = np.sqrt(fx**2 + fy**2)
     freq[0, 0] = 1.0
-    amplitude = freq ** -alpha
-    channels = [np.fft.irfft2(amplitude * np.exp(2j * np.pi * rng.random(amplitude.shape)),
-                              s=(height, width)) for _ in range(3)]
+    amplitude = freq**-alpha
+    channels = [
+        np.fft.irfft2(amplitude * np.exp(2j * np.pi * rng.random(amplitude.shape)), s=(height, width))
+        for _ in range(3)
+    ]
     # Correlated channels, as in photos, rather than three independent greys.
     texture = np.stack(channels, axis=-1) @ (np.eye(3) + 0.3 * rng.normal(size=(3, 3)))
     return (texture - texture.mean()) / texture.std()
@@ -113,8 +132,11 @@ def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = Fa
     for _ in range(int(rng.integers(4, 12))):  # clutter: lines and small blobs
         x, y = rng.uniform(0, w), rng.uniform(0, h)
         if rng.random() < 0.5:
-            d.line((x, y, x + rng.uniform(-w / 3, w / 3), y + rng.uniform(-h / 3, h / 3)),
-                   fill=_random_color(rng), width=int(rng.integers(1, 5)))
+            d.line(
+                (x, y, x + rng.uniform(-w / 3, w / 3), y + rng.uniform(-h / 3, h / 3)),
+                fill=_random_color(rng),
+                width=int(rng.integers(1, 5)),
+            )
         else:
             s = rng.uniform(4, short * 0.06)
             d.ellipse((x - s, y - s, x + s, y + s), fill=_random_color(rng))
@@ -131,9 +153,16 @@ def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = Fa
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
-def write_demo(out: str | Path, *, train_per_class: int = 120, val_per_class: int = 30,
-               seed: int = 0, gray_every: int = 25, progress: bool = True,
-               photo_like: bool = False) -> Path:
+def write_demo(
+    out: str | Path,
+    *,
+    train_per_class: int = 120,
+    val_per_class: int = 30,
+    seed: int = 0,
+    gray_every: int = 25,
+    progress: bool = True,
+    photo_like: bool = False,
+) -> Path:
     """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`."""
     out = Path(out)
     counts = {"train": train_per_class, "val": val_per_class}
@@ -148,5 +177,6 @@ def write_demo(out: str | Path, *, train_per_class: int = 120, val_per_class: in
         path.parent.mkdir(parents=True, exist_ok=True)
         img.save(path, quality=int(rng.integers(75, 96) if photo_like else rng.integers(80, 96)))
     (out / ".complete").write_text(
-        f"seed={seed} train={train_per_class} val={val_per_class} photo_like={photo_like}\n")
+        f"seed={seed} train={train_per_class} val={val_per_class} photo_like={photo_like}\n"
+    )
     return out

@@ -74,8 +74,7 @@ def jpeg_header_walk(data: bytes) -> tuple[str, int]:
     pos, exif_blocks = 2, 0  # after SOI
     while pos + 4 <= len(data):
         if data[pos] != 0xFF:
-            return ("junk bytes between JPEG header segments: DALI cannot parse it; "
-                    "re-save the image", pos)
+            return ("junk bytes between JPEG header segments: DALI cannot parse it; re-save the image", pos)
         marker = data[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
@@ -84,14 +83,17 @@ def jpeg_header_walk(data: bytes) -> tuple[str, int]:
             return "a broken JPEG header segment: DALI cannot parse it; re-save the image", pos
         if marker in (0xDA, 0xD9):  # start of scan / end of image: the header is sound
             return "", pos
-        if marker == 0xE1 and data[pos + 4:pos + 10] == EXIF_HEADER:
+        if marker == 0xE1 and data[pos + 4 : pos + 10] == EXIF_HEADER:
             exif_blocks += 1
             if exif_blocks == 2:
                 # DALI's decoder reads every EXIF block (a process crash on some, rotations
                 # mixed from both on others); PIL reads the first. Measured on DALI 2.4.
-                return ("two EXIF blocks (APP1): DALI's decoder crashes on such files and PIL "
-                        "reads only the first; re-save the image with one", pos)
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+                return (
+                    "two EXIF blocks (APP1): DALI's decoder crashes on such files and PIL "
+                    "reads only the first; re-save the image with one",
+                    pos,
+                )
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
     return "", len(data)
 
 
@@ -106,9 +108,9 @@ def jpeg_exif_orientation(header: bytes) -> int | None:
         return None
     try:
         (ifd,) = struct.unpack(order + "I", tiff[4:8])
-        (count,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
+        (count,) = struct.unpack(order + "H", tiff[ifd : ifd + 2])
         for i in range(count):
-            tag, kind, _, value = struct.unpack(order + "HHI4s", tiff[ifd + 2 + 12 * i:ifd + 14 + 12 * i])
+            tag, kind, _, value = struct.unpack(order + "HHI4s", tiff[ifd + 2 + 12 * i : ifd + 14 + 12 * i])
             if tag == 0x0112:  # Orientation, a SHORT held in the entry itself
                 return struct.unpack(order + "H", value[:2])[0] if kind == 3 else None
     except struct.error:
@@ -127,9 +129,9 @@ def jpeg_exif_block(header: bytes) -> bytes | None:
             continue
         if marker in (0xDA, 0xD9):  # the scan: no more header segments
             break
-        end = pos + 2 + int.from_bytes(header[pos + 2:pos + 4], "big")
-        if marker == 0xE1 and header[pos + 4:pos + 10] == EXIF_HEADER:
-            return header[pos + 10:end]
+        end = pos + 2 + int.from_bytes(header[pos + 2 : pos + 4], "big")
+        if marker == 0xE1 and header[pos + 4 : pos + 10] == EXIF_HEADER:
+            return header[pos + 10 : end]
         pos = end
     return None
 
@@ -140,13 +142,13 @@ def jpeg2000_truncated(path: str) -> bool:
     pos = 0
     if data[4:8] == b"jP  ":  # a JP2 file: boxes of (size, type); the codestream is in jp2c
         while pos + 8 <= len(data):
-            size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+            size, kind = struct.unpack(">I4s", data[pos : pos + 8])
             head = 8
             if size == 1 and pos + 16 <= len(data):  # a 64-bit size follows
-                size, head = struct.unpack(">Q", data[pos + 8:pos + 16])[0], 16
+                size, head = struct.unpack(">Q", data[pos + 8 : pos + 16])[0], 16
             end = len(data) if size == 0 else pos + size
             if kind == b"jp2c":
-                return not data[pos + head:end].endswith(b"\xff\xd9")
+                return not data[pos + head : end].endswith(b"\xff\xd9")
             if size < head:
                 return True  # a broken box: no codestream can be found
             pos = end

@@ -28,10 +28,16 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from stallfree.data.headers import (MEMBER, jpeg2000_truncated, jpeg_marker_problem,
-                                    png_is_animated, read_bytes, tiff_ifds_loop,
-                                    webp_is_lossless)
 from stallfree import __version__
+from stallfree.data.headers import (
+    MEMBER,
+    jpeg2000_truncated,
+    jpeg_marker_problem,
+    png_is_animated,
+    read_bytes,
+    tiff_ifds_loop,
+    webp_is_lossless,
+)
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 
@@ -44,21 +50,32 @@ warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
 # PIL format names that DALI's CPU decoder also decodes. Measured: GIF, ICO, TGA, PCX, QOI, DDS,
 # SGI, IM and AVIF fail in DALI. "PPM" covers PBM/PGM/PPM; "MPO" is a multi-picture JPEG
 # (many camera photos) of which both backends decode the first picture.
-ACCEPTED_FORMATS: frozenset[str] = frozenset(
-    {"JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "JPEG2000"}
-)
+ACCEPTED_FORMATS: frozenset[str] = frozenset({"JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "JPEG2000"})
 
 # File name endings of ACCEPTED_FORMATS, which the dataset listing picks up.
 IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
-    ".jp2", ".j2k", ".mpo",
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".bmp",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".pnm",
+    ".jp2",
+    ".j2k",
+    ".mpo",
 )
 
 # PIL modes that decode alike in both backends. Absent on purpose: "F" (float: DALI scales
 # 0..1 to 0..255, PIL clips 0..255), "LAB" (DALI differs by ~14 levels), "I;16S" and the
 # premultiplied "RGBa"/"La" (untested, so refused rather than guessed).
-_MODES = frozenset({"1", "L", "P", "RGB", "RGBA", "LA", "CMYK", "YCbCr",
-                    "I;16", "I;16B", "I;16L", "I;16N", "I"})
+_MODES = frozenset(
+    {"1", "L", "P", "RGB", "RGBA", "LA", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L", "I;16N", "I"}
+)
 _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _ORIENTATION_TAG = 0x0112
 _EXIF_FORMATS = frozenset({"JPEG", "TIFF", "PNG", "WEBP", "MPO"})
@@ -86,6 +103,7 @@ class BadImageError(StallfreeError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.reason else self.path
+
 
 # The header check's rules, numbered: bump it whenever the check refuses something it used to
 # pass (two EXIF blocks, a TIFF without RowsPerStrip...). A start-up cache or a `data check`
@@ -119,14 +137,16 @@ def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, 
     return size
 
 
-def bad_headers(paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS,
-                threads: int = 1) -> list[BadImageError]:
+def bad_headers(
+    paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 1
+) -> list[BadImageError]:
     """`check_header` on every file (in `threads` threads): the errors, in file order.
 
     The loaders run it at start-up on their share of the dataset, so a bad file stops a run
     before its first step, under either backend. `paths` is consumed in chunks, so a lazy
     sequence of millions of paths never exists as one list.
     """
+
     def problem(path: str) -> BadImageError | None:
         try:
             check_header(path, max_pixels)
@@ -225,13 +245,19 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
 def _check_opened(img: Image.Image, path: str, max_pixels: int) -> None:
     """Raise BadImageError if the opened header is not something both backends decode alike."""
     if img.format not in ACCEPTED_FORMATS:
-        raise BadImageError(path, f"{img.format} images are not accepted (DALI cannot decode "
-                                  f"them); accepted: {', '.join(sorted(ACCEPTED_FORMATS))}")
+        raise BadImageError(
+            path,
+            f"{img.format} images are not accepted (DALI cannot decode "
+            f"them); accepted: {', '.join(sorted(ACCEPTED_FORMATS))}",
+        )
     width, height = img.size
     if width * height > max_pixels:
-        raise BadImageError(path, f"{width}x{height} = {width * height} pixels is over "
-                                  f"data.max_pixels ({max_pixels}): a decompression bomb or "
-                                  "an oversized image")
+        raise BadImageError(
+            path,
+            f"{width}x{height} = {width * height} pixels is over "
+            f"data.max_pixels ({max_pixels}): a decompression bomb or "
+            "an oversized image",
+        )
     reason = _unshared_mode(img, path)
     if reason:
         raise BadImageError(path, reason)
@@ -262,13 +288,19 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
     if "RGBa" in str(img.tile) or "La;" in str(img.tile):
         # Premultiplied alpha (PIL reports RGBA): PIL unpremultiplies, DALI keeps the stored values.
         return "premultiplied-alpha image: the backends decode it differently; save without alpha"
-    rawmode = str(img.tile[0][3][0] if img.tile and isinstance(img.tile[0][3], tuple)
-                  else img.tile[0][3] if img.tile else "")
+    rawmode = str(
+        img.tile[0][3][0]
+        if img.tile and isinstance(img.tile[0][3], tuple)
+        else img.tile[0][3]
+        if img.tile
+        else ""
+    )
     if fmt == "TIFF":
         return _tiff_problem(img)
     if fmt == "BMP" and (img.info.get("compression") in (1, 2) or ";1" in rawmode[3:]):
-        return ("run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; "
-                "re-save as 24-bit BMP or PNG")
+        return (
+            "run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; re-save as 24-bit BMP or PNG"
+        )
     if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
         return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
     if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path)):
@@ -299,17 +331,17 @@ def _tiff_problem(img: Image.Image) -> str:
     if _TIFF_ROWS_PER_STRIP not in tags and _TIFF_TILE_WIDTH not in tags:
         # Required in a striped TIFF; libtiff assumes one strip, DALI's fallback decoder
         # (OpenCV) returns a wrong shape and its cropping decoder stops (Pillow's crash-74d2).
-        return ("TIFF without a RowsPerStrip tag: DALI's decoder misreads it or stops; "
-                "re-save the image")
+        return "TIFF without a RowsPerStrip tag: DALI's decoder misreads it or stops; re-save the image"
     compression = img.info.get("compression")
     if compression in _TIFF_UNSHARED:
-        return (f"TIFF with {compression} compression: DALI cannot decode it; "
-                "re-save with LZW, Deflate or no compression")
+        return (
+            f"TIFF with {compression} compression: DALI cannot decode it; "
+            "re-save with LZW, Deflate or no compression"
+        )
     bits = tags.get(_TIFF_BITS_PER_SAMPLE, (8,))
     bits = bits if isinstance(bits, tuple) else (bits,)
     if tags.get(339, 1) not in (1, (1,)) or not set(bits) <= {1, 8, 16}:
-        return ("TIFF with unusual samples (signed, or 2/4-bit): DALI cannot decode it; "
-                "re-save as 8-bit")
+        return "TIFF with unusual samples (signed, or 2/4-bit): DALI cannot decode it; re-save as 8-bit"
     if 16 in bits and img.mode not in _SIXTEEN_BIT:
         return "16-bit colour TIFF: DALI cannot decode it; re-save as 8-bit"
     if getattr(img, "n_frames", 1) != 1 or tiff_ifds_loop(img.fp):
@@ -319,9 +351,19 @@ def _tiff_problem(img: Image.Image) -> str:
 
 # TIFF compressions that PIL reads and DALI's decoders (libtiff, OpenCV) do not (measured:
 # LZMA fails); the rest are rare codecs refused rather than guessed.
-_TIFF_UNSHARED = frozenset({"tiff_lzma", "lzma", "zstd", "webp", "jpegxl", "tiff_sgilog",
-                            "tiff_sgilog24", "tiff_thunderscan",
-                            "tiff_jpeg"})  # old-style JPEG-in-TIFF, deprecated by libtiff
+_TIFF_UNSHARED = frozenset(
+    {
+        "tiff_lzma",
+        "lzma",
+        "zstd",
+        "webp",
+        "jpegxl",
+        "tiff_sgilog",
+        "tiff_sgilog24",
+        "tiff_thunderscan",
+        "tiff_jpeg",
+    }
+)  # old-style JPEG-in-TIFF, deprecated by libtiff
 
 
 _lift_lock = threading.Lock()

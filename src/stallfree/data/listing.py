@@ -45,7 +45,7 @@ class Listing:
     def path(self, i: int) -> str:
         """The path (or tar member reference) of sample `i`."""
         start = int(self.ends[i - 1]) if i > 0 else 0
-        return self.prefix + os.fsdecode(self.tails[start:int(self.ends[i])])
+        return self.prefix + os.fsdecode(self.tails[start : int(self.ends[i])])
 
     def paths(self, ids: Iterable[int]) -> list[str]:
         """The paths of the samples `ids`, in that order."""
@@ -63,8 +63,12 @@ class Listing:
     def digest(self) -> str:
         """A hash of the samples and labels: equal listings, equal digests."""
         h = hashlib.sha256(self.prefix.encode(errors="surrogateescape"))
-        for part in (self.tails, self.ends.astype(np.int64).tobytes(),
-                     self.labels.astype(np.int32).tobytes(), "\0".join(self.classes).encode()):
+        for part in (
+            self.tails,
+            self.ends.astype(np.int64).tobytes(),
+            self.labels.astype(np.int32).tobytes(),
+            "\0".join(self.classes).encode(),
+        ):
             h.update(len(part).to_bytes(8, "little"))
             h.update(part)
         return h.hexdigest()
@@ -88,8 +92,11 @@ class ListingBuilder:
         encoded = [os.fsencode(t) for t in tails]
         self._tails.append(b"".join(encoded))
         self._lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        self._labels.append(np.full(len(encoded), labels, dtype=np.int32) if isinstance(labels, int)
-                            else np.asarray(labels, dtype=np.int32))
+        self._labels.append(
+            np.full(len(encoded), labels, dtype=np.int32)
+            if isinstance(labels, int)
+            else np.asarray(labels, dtype=np.int32)
+        )
 
     def __len__(self) -> int:
         return sum(len(labels) for labels in self._labels)
@@ -100,8 +107,7 @@ class ListingBuilder:
         ends = ends.astype(np.uint32 if len(tails) < 2**32 else np.int64)
         labels = np.concatenate(self._labels) if self._labels else np.zeros(0, np.int32)
         self._tails, self._lengths, self._labels = [], [], []
-        return Listing(prefix=self.prefix, tails=tails, ends=ends, labels=labels,
-                       classes=self.classes)
+        return Listing(prefix=self.prefix, tails=tails, ends=ends, labels=labels, classes=self.classes)
 
 
 @dataclass(frozen=True, slots=True)

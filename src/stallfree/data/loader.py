@@ -62,8 +62,14 @@ class LoaderSpec:
     def bad_headers(self, threads: int) -> list[BadImageError]:
         """The split's files with a bad header, checked once per dataset state (cached)."""
         assert self.listing is not None
-        return bad_headers_at_start(self.listing, sources=self.sources, checked_by=self.checked_by,
-                                    max_pixels=self.max_pixels, threads=threads, dist=self.dist)
+        return bad_headers_at_start(
+            self.listing,
+            sources=self.sources,
+            checked_by=self.checked_by,
+            max_pixels=self.max_pixels,
+            threads=threads,
+            dist=self.dist,
+        )
 
     def crop_size(self, epoch: int) -> int:
         """The side of this split's images in `epoch`: the train schedule's, or the val size."""
@@ -151,21 +157,26 @@ class ShardedLoader(Loader):
             self._epoch, self._start, self._taken = epoch, 0, 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "position": self.position,
-                "batch_size": self.plan.batch_size, "world_size": self.plan.world_size}
+        return {
+            "epoch": self._epoch,
+            "position": self.position,
+            "batch_size": self.plan.batch_size,
+            "world_size": self.plan.world_size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._epoch, self._start, self._taken = int(state["epoch"]), int(state["position"]), 0
 
     def same_shards(self, state: dict[str, Any]) -> bool:
         """True when `state` was saved under this loader's micro-batch size and world size."""
-        return (state.get("batch_size"), state.get("world_size")) == \
-            (self.plan.batch_size, self.plan.world_size)
+        return (state.get("batch_size"), state.get("world_size")) == (
+            self.plan.batch_size,
+            self.plan.world_size,
+        )
 
     def epoch_order(self) -> tuple[np.ndarray, int]:
         """(order, augmentation seed base) of the current epoch (see `sample_seeds`)."""
-        return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch,
-                                 shuffle=self.shuffle)
+        return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle)
 
     def remaining_ids(self) -> Iterator[np.ndarray]:
         """This rank's micro-batches of sample ids from the current position on."""
@@ -183,15 +194,22 @@ class ShardedLoader(Loader):
 def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
     """Images arrive in the autocast dtype on CUDA (half the bytes); float32 on CPU."""
     if precision == "auto":
-        raise ValueError("resolve train.precision before building loaders "
-                         "(stallfree.train.precision.resolve_precision)")
+        raise ValueError(
+            "resolve train.precision before building loaders (stallfree.train.precision.resolve_precision)"
+        )
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.float32
 
 
-def build_loader(recipe: Recipe, split: str, *, device: torch.device,
-                 dist: DistInfo | None = None, dataset: Dataset | None = None) -> Loader:
+def build_loader(
+    recipe: Recipe,
+    split: str,
+    *,
+    device: torch.device,
+    dist: DistInfo | None = None,
+    dataset: Dataset | None = None,
+) -> Loader:
     """Build `recipe.loader.backend`'s loader of `split` ("train" or "val") for this rank from
     the resolved dataset. The backend is chosen by the recipe only (train, eval and bench
     alike: `loader.backend`, or `--loader`, which sets it)."""
@@ -204,8 +222,13 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
         from stallfree.data.auto import choose_backend
 
         backend, sets, _ = choose_backend(device, dist.local_world_size)
-        return build_loader(apply_overrides(recipe.copy(), [f'loader.backend="{backend}"', *sets]),
-                            split, device=device, dist=dist, dataset=dataset)
+        return build_loader(
+            apply_overrides(recipe.copy(), [f'loader.backend="{backend}"', *sets]),
+            split,
+            device=device,
+            dist=dist,
+            dataset=dataset,
+        )
     build = resolve_backend(backend)
     spec.options = backend_options(recipe.loader, backend)
     spec, tuning = autotuned(spec, backend, build)
@@ -214,8 +237,9 @@ def build_loader(recipe: Recipe, split: str, *, device: torch.device,
     return loader
 
 
-def measure_auto_count(recipe: Recipe, *, device: torch.device, dist: DistInfo,
-                       dataset: Dataset | None) -> tuple[int, dict[str, Any] | None]:
+def measure_auto_count(
+    recipe: Recipe, *, device: torch.device, dist: DistInfo, dataset: Dataset | None
+) -> tuple[int, dict[str, Any] | None]:
     """The count `workers`/`threads = "auto"` takes for this run (timed on the train split,
     data/autotune.py), and the figures; the backend is resolved already."""
     backend = recipe.loader.backend
@@ -224,19 +248,28 @@ def measure_auto_count(recipe: Recipe, *, device: torch.device, dist: DistInfo,
     return tuned_count(spec, backend, resolve_backend(backend))
 
 
-def _spec(recipe: Recipe, split: str, device: torch.device, dist: DistInfo,
-          dataset: Dataset | None) -> LoaderSpec:
+def _spec(
+    recipe: Recipe, split: str, device: torch.device, dist: DistInfo, dataset: Dataset | None
+) -> LoaderSpec:
     """What every backend is built from (options and tuning added by the caller)."""
     backend = recipe.loader.backend
     if dataset is None and backend != "synthetic":
         raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
     return LoaderSpec(
-        split=split, listing=dataset.splits[split] if dataset else None,
+        split=split,
+        listing=dataset.splits[split] if dataset else None,
         num_classes=class_count(recipe, dataset),
-        augment=recipe.augment, loader=recipe.loader, batch_size=recipe.train.batch_size,
-        seed=recipe.train.seed, device=device, dtype=loader_dtype(recipe.train.precision, device),
-        channels_last=recipe.train.channels_last, dist=dist, max_pixels=recipe.data.max_pixels,
+        augment=recipe.augment,
+        loader=recipe.loader,
+        batch_size=recipe.train.batch_size,
+        seed=recipe.train.seed,
+        device=device,
+        dtype=loader_dtype(recipe.train.precision, device),
+        channels_last=recipe.train.channels_last,
+        dist=dist,
+        max_pixels=recipe.data.max_pixels,
         on_error=recipe.data.on_error,
         synthetic_samples=recipe.data.synthetic_samples,
-        sources=dataset.sources if dataset else (), checked_by=dataset.checked_by if dataset else None,
+        sources=dataset.sources if dataset else (),
+        checked_by=dataset.checked_by if dataset else None,
     )

@@ -31,8 +31,9 @@ def _to_normalised_tensor(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tenso
     return (x - mean) / std
 
 
-def naive_train(path: str, aug: AugmentConfig, seed: int,
-                max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+def naive_train(
+    path: str, aug: AugmentConfig, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
     """Decode the whole image, then RandomResizedCrop, flip, ToTensor, Normalize."""
     rng = random.Random(seed)
     img = open_rgb(path, max_pixels)
@@ -43,18 +44,19 @@ def naive_train(path: str, aug: AugmentConfig, seed: int,
     return _to_normalised_tensor(np.asarray(img), aug)
 
 
-def naive_val(path: str, aug: AugmentConfig, seed: int = 0,
-              max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+def naive_val(
+    path: str, aug: AugmentConfig, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
     return _to_normalised_tensor(val_transform(path, aug, seed, max_pixels), aug)
 
 
 def build(spec: LoaderSpec) -> Loader:
     """Entry point, used as the plug-in `stallfree.data.naive:build`."""
+
     def to_device(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
         for images, labels in batches:  # float batches copied as they are
             yield Batch(images.to(spec.device, spec.dtype), labels.to(spec.device))
 
     size = spec.crop_size(0)
     empty = (torch.zeros((0, 3, size, size)), torch.zeros(0, dtype=torch.int64))
-    return TorchLoader(spec, naive_train if spec.train else naive_val, default_collate, to_device,
-                       empty)
+    return TorchLoader(spec, naive_train if spec.train else naive_val, default_collate, to_device, empty)

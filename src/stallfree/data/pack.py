@@ -67,8 +67,9 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_bytes: int,
-               progress: bool = True) -> list[dict[str, Any]]:
+def pack_split(
+    samples: list[tuple[str, int]], out: Path, split: str, shard_bytes: int, progress: bool = True
+) -> list[dict[str, Any]]:
     """Write one split's shards (in the given order); return their manifest entries."""
     shards: list[dict[str, Any]] = []
     tar: tarfile.TarFile | None = None
@@ -80,8 +81,9 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
         path = out / shards[-1]["name"]
         shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=file_sha256(path))
 
-    for i, (path, label) in enumerate(tqdm(samples, desc=f"packing {split}", unit="img",
-                                           disable=not progress)):
+    for i, (path, label) in enumerate(
+        tqdm(samples, desc=f"packing {split}", unit="img", disable=not progress)
+    ):
         data = Path(path).read_bytes()
         # On disk: a 512-byte header for each of the two members, data padded to 512 bytes.
         need = 2 * 512 + -(-len(data) // 512) * 512 + 512
@@ -90,8 +92,8 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
                 close()
             shards.append({"name": f"{split}-{len(shards):06d}.tar"})
             # Closed by close() when the shard is full: it outlives one loop iteration.
-            tar = tarfile.open(out / shards[-1]["name"], "w",  # noqa: SIM115
-                               format=tarfile.USTAR_FORMAT)
+            path = out / shards[-1]["name"]
+            tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
             size = _RESERVE
         key = f"{split}{i:09d}"
         _add(tar, f"{key}.{Path(path).suffix.lower().lstrip('.') or 'jpg'}", data)
@@ -102,8 +104,15 @@ def pack_split(samples: list[tuple[str, int]], out: Path, split: str, shard_byte
     return shards
 
 
-def pack_dataset(root: str | Path, out: str | Path, *, shard_bytes: int, seed: int = 0,
-                 file_list: str = "", progress: bool = True) -> dict[str, Any]:
+def pack_dataset(
+    root: str | Path,
+    out: str | Path,
+    *,
+    shard_bytes: int,
+    seed: int = 0,
+    file_list: str = "",
+    progress: bool = True,
+) -> dict[str, Any]:
     """Pack ROOT/{train,val} into OUT. Train is shuffled (seeded) so every shard mixes classes.
 
     Everything is written into a temporary folder beside OUT and renamed into place at the
@@ -113,17 +122,22 @@ def pack_dataset(root: str | Path, out: str | Path, *, shard_bytes: int, seed: i
     out = Path(out)
     staging = _staging(out)
     try:
-        manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes),
-                                    "splits": {}}
+        manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes), "splits": {}}
         for split in SPLITS:
             listing = dataset.splits[split]
-            order = np.random.default_rng(seed).permutation(len(listing)) if split == "train" \
+            order = (
+                np.random.default_rng(seed).permutation(len(listing))
+                if split == "train"
                 else np.arange(len(listing))
+            )
             samples = [(listing.path(int(i)), int(listing.labels[i])) for i in order]
             shards = pack_split(samples, staging, split, shard_bytes, progress)
             # Labels by sample number (the key's digits), so a reader needs no read per sample.
-            manifest["splits"][split] = {"samples": len(samples), "shards": shards,
-                                         "labels": [label for _, label in samples]}
+            manifest["splits"][split] = {
+                "samples": len(samples),
+                "shards": shards,
+                "labels": [label for _, label in samples],
+            }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.is_dir():
             out.rmdir()  # empty (checked first): rename needs it gone
@@ -139,26 +153,29 @@ def _staging(out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise PackError(f"{out} is a file; pass a folder (new, or empty) for the shards")
     if out.is_dir() and any(out.iterdir()):
-        raise PackError(f"{out} is not empty; pack into a new folder (shards of two packs "
-                        "must never mix), or remove it first")
+        raise PackError(
+            f"{out} is not empty; pack into a new folder (shards of two packs "
+            "must never mix), or remove it first"
+        )
     parent = out.resolve().parent
     if not parent.is_dir():
         raise PackError(f"{parent} does not exist; create it first")
     for folder, owner in staging_leftovers(out):
         if owner is None:
             shutil.rmtree(folder, ignore_errors=True)
-            warnings.warn(f"removed {folder}: a `data pack` into {out} was interrupted there",
-                          stacklevel=3)
+            warnings.warn(f"removed {folder}: a `data pack` into {out} was interrupted there", stacklevel=3)
         else:
-            warnings.warn(f"{folder}: {owner} may still be packing into {out}; if not, remove "
-                          "it", stacklevel=3)
+            warnings.warn(
+                f"{folder}: {owner} may still be packing into {out}; if not, remove it", stacklevel=3
+            )
     try:
         # Named with its host and process, so the next pack can tell a dead one's leftovers.
         prefix = f".{out.name}.packing-{os.getpid()}@{socket.gethostname()}-"
         return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     except OSError as exc:
-        raise PackError(f"cannot write in {parent} ({exc.strerror or exc}); "
-                        "choose another output folder") from exc
+        raise PackError(
+            f"cannot write in {parent} ({exc.strerror or exc}); choose another output folder"
+        ) from exc
 
 
 def staging_leftovers(out: Path) -> list[tuple[Path, str | None]]:

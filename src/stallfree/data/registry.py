@@ -102,13 +102,14 @@ def backend_options(loader: LoaderConfig, name: str) -> Any:
     where = f"[loader.{PLUGIN_TABLE}] (for loader.backend = {name!r})"
     if declared is None:
         if loader.plugin:
-            raise RecipeError(f"{where} sets {', '.join(loader.plugin)}, but the plug-in declares "
-                              "no options: give its builder `build.options = SomeDataclass` "
-                              "naming them, or remove the table")
+            raise RecipeError(
+                f"{where} sets {', '.join(loader.plugin)}, but the plug-in declares "
+                "no options: give its builder `build.options = SomeDataclass` "
+                "naming them, or remove the table"
+            )
         return None
     if not isinstance(declared, type) or not dataclasses.is_dataclass(declared):
-        raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass class, got "
-                           f"{declared!r}")
+        raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass class, got {declared!r}")
     options = table_from_dict(declared, loader.plugin, f"loader.{PLUGIN_TABLE}", where)
     loader.plugin = dataclasses.asdict(options)
     return options

@@ -85,10 +85,10 @@ class ShardPlan:
         whole = max(0, self.n - start) // self.global_batch
         for i in range(whole):
             first = start + i * self.global_batch + self.rank * self.batch_size
-            yield order[first:first + self.batch_size]
+            yield order[first : first + self.batch_size]
         first, length = self._tail(start)
         if length:
-            yield order[first:first + length]
+            yield order[first : first + length]
 
     def position_after(self, start: int, batches: int) -> int:
         """The global sample position once every rank has taken `batches` more micro-batches."""

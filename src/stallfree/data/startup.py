@@ -22,8 +22,8 @@ import hashlib
 import json
 import os
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -37,7 +37,8 @@ from stallfree.parallel import DistInfo
 def cache_dir() -> Path:
     """Where check results are kept: $STALLFREE_CACHE, else $XDG_CACHE_HOME/stallfree."""
     base = os.environ.get("STALLFREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stallfree")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "stallfree"
+    )
     return Path(base)
 
 
@@ -58,8 +59,9 @@ def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels
     # Resolved paths: a relative data.root names another dataset in another folder, and a
     # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
     where = os.path.realpath(listing.prefix)
-    return stat_key([os.path.realpath(s) for s in sources],
-                    f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}")
+    return stat_key(
+        [os.path.realpath(s) for s in sources], f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}"
+    )
 
 
 def write_cache_file(path: Path, text: str) -> OSError | None:
@@ -91,14 +93,19 @@ def _read_cache(path: Path, key: str) -> dict[str, str] | None:
     except (OSError, ValueError):
         entry = None
     bad = entry.get("bad") if isinstance(entry, dict) else None
-    if isinstance(bad, dict) and all(isinstance(k, str) and isinstance(v, str)
-                                     for k, v in bad.items()) \
-            and entry.get("digest") == _entry_digest(key, bad):
+    if (
+        isinstance(bad, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in bad.items())
+        and entry.get("digest") == _entry_digest(key, bad)
+    ):
         return bad
     if path not in _warned:  # once a process: the train and val loaders may both read it
         _warned.add(path)
-        warnings.warn(f"check cache {path} is not as stallfree {__version__} wrote it: ignored, "
-                      "the files are checked again", stacklevel=3)
+        warnings.warn(
+            f"check cache {path} is not as stallfree {__version__} wrote it: ignored, "
+            "the files are checked again",
+            stacklevel=3,
+        )
     return None
 
 
@@ -107,8 +114,11 @@ def _write_cache(path: Path, key: str, bad: dict[str, str]) -> None:
     entry = {"version": __version__, "bad": bad, "digest": _entry_digest(key, bad)}
     exc = write_cache_file(path, json.dumps(entry))
     if exc is not None:
-        warnings.warn(f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
-                      "start checks again; set STALLFREE_CACHE to a writable folder", stacklevel=3)
+        warnings.warn(
+            f"cannot write the check cache {path} ({exc.strerror or exc}): the next "
+            "start checks again; set STALLFREE_CACHE to a writable folder",
+            stacklevel=3,
+        )
 
 
 def cached_check(kind: str, key: str, check: Callable[[], object]) -> None:
@@ -137,9 +147,15 @@ def _gathered(bad: dict[str, str], dist: DistInfo) -> dict[str, str] | None:
     return {path: reason for part in parts for path, reason in (part or {}).items()}
 
 
-def bad_headers_at_start(listing: Listing, *, sources: tuple[str, ...],
-                         checked_by: tuple[str, int] | None, max_pixels: int, threads: int,
-                         dist: DistInfo) -> list[BadImageError]:
+def bad_headers_at_start(
+    listing: Listing,
+    *,
+    sources: tuple[str, ...],
+    checked_by: tuple[str, int] | None,
+    max_pixels: int,
+    threads: int,
+    dist: DistInfo,
+) -> list[BadImageError]:
     """The split's files whose header is bad (all ranks', so every rank decides alike).
 
     Each rank checks its share; the result is cached per dataset state, so the next start
@@ -170,16 +186,24 @@ def _decode(job: tuple[str, int]) -> str | None:
     return None
 
 
-def decode_all(paths: list[str], max_pixels: int, workers: int, *, desc: str,
-               progress: bool) -> list[str | None]:
+def decode_all(
+    paths: list[str], max_pixels: int, workers: int, *, desc: str, progress: bool
+) -> list[str | None]:
     """Fully decode `paths` in `workers` processes: the reason each one fails, or None."""
     with ProcessPoolExecutor(max(1, workers)) as pool:
         reasons = pool.map(_decode, [(p, max_pixels) for p in paths], chunksize=16)
         return list(tqdm(reasons, total=len(paths), unit="img", desc=desc, disable=not progress))
 
 
-def cached_bad_files(listing: Listing, *, sources: tuple[str, ...], max_pixels: int,
-                     workers: int, dist: DistInfo, progress: bool = True) -> dict[str, str]:
+def cached_bad_files(
+    listing: Listing,
+    *,
+    sources: tuple[str, ...],
+    max_pixels: int,
+    workers: int,
+    dist: DistInfo,
+    progress: bool = True,
+) -> dict[str, str]:
     """{path: reason} for the files of the split that do not fully decode, checked once and
     cached (data.on_error = skip under dali). Every rank gets the same answer."""
     key = _state_key("decode", listing, sources, max_pixels)
@@ -188,12 +212,16 @@ def cached_bad_files(listing: Listing, *, sources: tuple[str, ...], max_pixels: 
     if bad is not None:
         return bad
     share = list(listing.iter_paths(dist.rank, dist.world_size))
-    reasons = decode_all(share, max_pixels, workers, desc="checking images (data.on_error = skip)",
-                         progress=progress and dist.rank == 0 and len(share) >= 10_000)
+    reasons = decode_all(
+        share,
+        max_pixels,
+        workers,
+        desc="checking images (data.on_error = skip)",
+        progress=progress and dist.rank == 0 and len(share) >= 10_000,
+    )
     bad = _gathered({p: r for p, r in zip(share, reasons) if r}, dist)
     if bad is None:
         raise RuntimeError("data.on_error = skip with several ranks needs the process group")
     if dist.rank == 0:
         _write_cache(cache, key, bad)
     return bad
-

@@ -13,8 +13,9 @@ class SyntheticLoader(ShardedLoader):
     """Yields device-resident batches; counts and positions follow the real backends' plan."""
 
     def __init__(self, spec: LoaderSpec) -> None:
-        super().__init__(spec.num_samples, batch_size=spec.batch_size, dist=spec.dist,
-                         train=spec.train, seed=spec.seed)
+        super().__init__(
+            spec.num_samples, batch_size=spec.batch_size, dist=spec.dist, train=spec.train, seed=spec.seed
+        )
         # A different batch for val than for train: otherwise "val accuracy" is memorisation.
         split_offset = 0 if spec.train else 1_000_003
         generator = torch.Generator().manual_seed(spec.seed + spec.dist.rank + split_offset)
@@ -29,8 +30,10 @@ class SyntheticLoader(ShardedLoader):
 
     def __iter__(self) -> Iterator[Batch]:
         # Slices of the one batch, so a short last val batch has its true size.
-        return self._counted(Batch(self.batch.images[:len(ids)], self.batch.labels[:len(ids)])
-                             for ids in self.remaining_ids())
+        return self._counted(
+            Batch(self.batch.images[: len(ids)], self.batch.labels[: len(ids)])
+            for ids in self.remaining_ids()
+        )
 
 
 def build(spec: LoaderSpec) -> Loader:

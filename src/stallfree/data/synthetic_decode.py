@@ -32,8 +32,7 @@ from stallfree.data.registry import BackendError, backend_options, resolve_backe
 _FILES = 256
 
 
-def in_memory_listing(listing: Listing, folder: str,
-                      files: int = _FILES) -> tuple[Listing, dict[str, str]]:
+def in_memory_listing(listing: Listing, folder: str, files: int = _FILES) -> tuple[Listing, dict[str, str]]:
     """A listing as long as `listing` whose samples cycle over copies of a spread sample of
     its files, written into `folder` (a tmpfs); and each copy's original path."""
     picked = np.linspace(0, len(listing) - 1, num=min(files, len(listing))).astype(np.int64)
@@ -77,9 +76,14 @@ class SyntheticDecodeLoader(Loader):
         if bad:
             self.close()
             raise self._named(bad[0])
-        inner_spec = dataclasses.replace(spec, listing=listing, sources=(self.folder,),
-                                         checked_by=(rules_id(), spec.max_pixels), loader=loader,
-                                         options=backend_options(loader, backend))
+        inner_spec = dataclasses.replace(
+            spec,
+            listing=listing,
+            sources=(self.folder,),
+            checked_by=(rules_id(), spec.max_pixels),
+            loader=loader,
+            options=backend_options(loader, backend),
+        )
         self.inner: Loader = resolve_backend(backend)(inner_spec)
 
     def _named(self, exc: BadImageError) -> BadImageError:

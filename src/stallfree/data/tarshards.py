@@ -66,7 +66,7 @@ def parse_index(text: str, where: str) -> list[Entry]:
         fields = line.split()
         if not fields or len(fields) % 4:
             raise ShardError(f"{where}:{number}: expected 'ext offset size name' per member")
-        members = [fields[i:i + 4] for i in range(0, len(fields), 4)]
+        members = [fields[i : i + 4] for i in range(0, len(fields), 4)]
         if not all(m[1].isdigit() and m[2].isdigit() for m in members):
             raise ShardError(f"{where}:{number}: offsets and sizes must be integers: {line!r}")
         images = [m for m in members if f".{m[0]}".lower() in IMAGE_EXTENSIONS and _safe(m[3])]
@@ -75,8 +75,10 @@ def parse_index(text: str, where: str) -> list[Entry]:
             image, cls = images[0], labels[0]
             entries.append((image[3], int(image[1]), int(image[2]), int(cls[1]), int(cls[2])))
         elif images:  # an image that cannot be trained on must not vanish silently
-            raise ShardError(f"{where}:{number}: {images[0][3]} has {len(labels)} .cls members "
-                             f"and {len(images)} images; each sample needs one of each")
+            raise ShardError(
+                f"{where}:{number}: {images[0][3]} has {len(labels)} .cls members "
+                f"and {len(images)} images; each sample needs one of each"
+            )
     return entries
 
 
@@ -84,8 +86,9 @@ def read_index(shard: Path) -> list[Entry]:
     """The samples listed by the .idx next to `shard`."""
     index = shard.with_suffix(".idx")
     if not index.is_file():
-        raise ShardError(f"{index} does not exist; shards need the index `stallfree data pack` "
-                         "writes next to them")
+        raise ShardError(
+            f"{index} does not exist; shards need the index `stallfree data pack` writes next to them"
+        )
     return parse_index(index.read_text(errors="replace"), str(index))
 
 
@@ -95,8 +98,10 @@ def _check_placement(shard: Path, entries: list[Entry], size: int) -> None:
     for name, *spans in entries:
         for offset, length in sorted(((spans[0], spans[1]), (spans[2], spans[3]))):
             if offset % BLOCK or offset < end + BLOCK or offset + length > size:
-                raise ShardError(f"{shard}::{name}: index entry at {offset} (+{length}) is not "
-                                 f"a member of this {size}-byte tar")
+                raise ShardError(
+                    f"{shard}::{name}: index entry at {offset} (+{length}) is not "
+                    f"a member of this {size}-byte tar"
+                )
             end = offset + length
 
 
@@ -105,8 +110,10 @@ def _load_manifest(root: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text())
     except ValueError as exc:
-        raise ShardError(f"{path} is not valid JSON ({exc}); it is written last by "
-                         "`stallfree data pack`, so the pack did not finish") from exc
+        raise ShardError(
+            f"{path} is not valid JSON ({exc}); it is written last by "
+            "`stallfree data pack`, so the pack did not finish"
+        ) from exc
     found = manifest.get("format") if isinstance(manifest, dict) else None
     if found != FORMAT:
         raise ShardError(f"{path}: format {found!r}, expected {FORMAT}")
@@ -115,13 +122,15 @@ def _load_manifest(root: Path) -> dict[str, Any]:
         if not isinstance(info, dict) or not {"shards", "labels", "samples"} <= info.keys():
             raise ShardError(f"{path} has no complete {split!r} split (shards, samples, labels)")
         if len(info["labels"]) != info["samples"]:
-            raise ShardError(f"{path}: {split} lists {len(info['labels'])} labels for "
-                             f"{info['samples']} samples")
+            raise ShardError(
+                f"{path}: {split} lists {len(info['labels'])} labels for {info['samples']} samples"
+            )
     return manifest
 
 
-def _split_entries(root: Path, split: str, info: dict[str, Any],
-                   classes: int) -> list[tuple[Path, list[Entry], list[int]]]:
+def _split_entries(
+    root: Path, split: str, info: dict[str, Any], classes: int
+) -> list[tuple[Path, list[Entry], list[int]]]:
     """Each shard of a split with its index entries and their manifest labels, checked cheaply."""
     out = []
     labels = info["labels"]
@@ -131,12 +140,16 @@ def _split_entries(root: Path, split: str, info: dict[str, Any],
             raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
         size = shard.stat().st_size
         if size != shard_info.get("bytes"):
-            raise ShardError(f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
-                             "not the shard that was packed")
+            raise ShardError(
+                f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
+                "not the shard that was packed"
+            )
         entries = read_index(shard)
         if len(entries) != shard_info.get("samples"):
-            raise ShardError(f"{shard.with_suffix('.idx')}: {len(entries)} samples, the manifest "
-                             f"says {shard_info.get('samples')}")
+            raise ShardError(
+                f"{shard.with_suffix('.idx')}: {len(entries)} samples, the manifest "
+                f"says {shard_info.get('samples')}"
+            )
         _check_placement(shard, entries, size)
         shard_labels = []
         for name, *_ in entries:
@@ -145,8 +158,7 @@ def _split_entries(root: Path, split: str, info: dict[str, Any],
                 raise ShardError(f"{shard}::{name}: not a {split}NNN key of this manifest")
             label = labels[int(digits)]
             if not isinstance(label, int) or not 0 <= label < classes:
-                raise ShardError(f"{shard}::{name}: label {label!r} outside the manifest's "
-                                 f"{classes} classes")
+                raise ShardError(f"{shard}::{name}: label {label!r} outside the manifest's {classes} classes")
             shard_labels.append(label)
         out.append((shard, entries, shard_labels))
     return out
@@ -165,8 +177,10 @@ def verify_members(shard: Path, entries: list[Entry], labels: list[int]) -> None
         for (name, offset, _, cls_offset, cls_size), label in zip(entries, labels, strict=True):
             for member, at in ((name, offset), (name.rpartition(".")[0] + ".cls", cls_offset)):
                 if _member_name(os.pread(fd, BLOCK, at - BLOCK)) != member:
-                    raise ShardError(f"{shard}::{member}: the index points at another member "
-                                     f"(offset {at}); the index does not belong to this tar")
+                    raise ShardError(
+                        f"{shard}::{member}: the index points at another member "
+                        f"(offset {at}); the index does not belong to this tar"
+                    )
             text = os.pread(fd, cls_size, cls_offset).decode(errors="replace").strip()
             if text != str(label):
                 raise ShardError(f"{shard}::{name}: its .cls says {text!r}, the label is {label}")
@@ -198,8 +212,7 @@ def resolve_shards(root_text: str) -> Dataset:
     checked: list[tuple[Path, list[Entry], list[int]]] = []
     for split in SPLITS:
         builder = ListingBuilder(str(root) + "/", classes)
-        for shard, entries, labels in _split_entries(root, split, manifest["splits"][split],
-                                                     len(classes)):
+        for shard, entries, labels in _split_entries(root, split, manifest["splits"][split], len(classes)):
             sources.append(str(shard))
             checked.append((shard, entries, labels))
             builder.add([f"{shard.name}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)

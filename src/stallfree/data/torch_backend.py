@@ -41,8 +41,7 @@ class ImageDataset(Dataset):
     worker layout, and the size follows the epoch's (persistent workers hold their own copy of
     this object: the size travels with each key)."""
 
-    def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig,
-                 max_pixels: int) -> None:
+    def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig, max_pixels: int) -> None:
         # The listing is three objects (data/listing.py): forked workers share it, page for page.
         self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
         self._at_size: dict[int, AugmentConfig] = {}
@@ -115,14 +114,19 @@ class TorchLoader(ShardedLoader):
     torch-naive reference and the bench's peers pass their own.
     """
 
-    def __init__(self, spec: LoaderSpec, transform: Transform | None = None,
-                 collate: Collate | None = None,
-                 to_device: Callable[[Any], Iterator[Batch]] | None = None,
-                 empty: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        transform: Transform | None = None,
+        collate: Collate | None = None,
+        to_device: Callable[[Any], Iterator[Batch]] | None = None,
+        empty: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         if spec.listing is None:
             raise BackendError("the torch backend needs a dataset listing (data.root)")
-        super().__init__(len(spec.listing), batch_size=spec.batch_size, dist=spec.dist,
-                         train=spec.train, seed=spec.seed)
+        super().__init__(
+            len(spec.listing), batch_size=spec.batch_size, dist=spec.dist, train=spec.train, seed=spec.seed
+        )
         workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
         # Headers first, as the dali backend does: a bad file stops the run before its first step,
         # or (data.on_error = "skip") is announced now and dropped when its batch comes.
@@ -132,8 +136,11 @@ class TorchLoader(ShardedLoader):
         if bad and not self.skip:
             raise bad[0]
         if bad:
-            warnings.warn(f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
-                          f"batch comes: {some_of(list(map(str, bad)))}", stacklevel=2)
+            warnings.warn(
+                f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
+                f"batch comes: {some_of(list(map(str, bad)))}",
+                stacklevel=2,
+            )
         transform = transform or (train_transform if spec.train else val_transform)
         if collate is None:
             collate, to_device, empty = _tuned_path(spec)
@@ -182,18 +189,24 @@ class TorchLoader(ShardedLoader):
         self._finalizer()
 
 
-def _tuned_path(spec: LoaderSpec) -> tuple[Collate, Callable[[Any], Iterator[Batch]],
-                                            tuple[torch.Tensor, torch.Tensor]]:
+def _tuned_path(
+    spec: LoaderSpec,
+) -> tuple[Collate, Callable[[Any], Iterator[Batch]], tuple[torch.Tensor, torch.Tensor]]:
     """(collate, to_device, empty batch): uint8 through the workers and normalised on the GPU
     a batch ahead; on a CPU run, normalised in the workers, so the main process only trains."""
     size, aug = spec.crop_size(0), spec.augment  # an empty batch's side does not matter
     labels = torch.zeros(0, dtype=torch.int64)
     if spec.device.type == "cpu":
-        return (NormalisingCollate(aug.mean, aug.std, spec.channels_last), _as_batches,
-                (torch.zeros((0, 3, size, size), dtype=spec.dtype), labels))
-    return (collate_uint8,
-            DevicePrefetcher(spec.device, aug.mean, aug.std, spec.dtype, spec.channels_last),
-            (torch.zeros((0, size, size, 3), dtype=torch.uint8), labels))
+        return (
+            NormalisingCollate(aug.mean, aug.std, spec.channels_last),
+            _as_batches,
+            (torch.zeros((0, 3, size, size), dtype=spec.dtype), labels),
+        )
+    return (
+        collate_uint8,
+        DevicePrefetcher(spec.device, aug.mean, aug.std, spec.dtype, spec.channels_last),
+        (torch.zeros((0, size, size, 3), dtype=torch.uint8), labels),
+    )
 
 
 def _as_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
@@ -241,6 +254,9 @@ def build_uint8(spec: LoaderSpec) -> Loader:
     normalised later on the GPU), measured on a CPU. Not a training backend: its images are
     not normalised."""
     size = spec.crop_size(0)
-    return TorchLoader(spec, collate=collate_uint8, to_device=_as_batches,
-                       empty=(torch.zeros((0, size, size, 3), dtype=torch.uint8),
-                              torch.zeros(0, dtype=torch.int64)))
+    return TorchLoader(
+        spec,
+        collate=collate_uint8,
+        to_device=_as_batches,
+        empty=(torch.zeros((0, size, size, 3), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)),
+    )

@@ -39,8 +39,9 @@ def build_model(config: ModelConfig, num_classes: int) -> nn.Module:
         )
     module_name, _, attr = MODELS[config.name].partition(":")
     factory: Callable[..., nn.Module] = getattr(importlib.import_module(module_name), attr)
-    return factory(num_classes=num_classes, zero_init_residual=config.zero_init_residual,
-                   drop_rate=config.drop_rate)
+    return factory(
+        num_classes=num_classes, zero_init_residual=config.zero_init_residual, drop_rate=config.drop_rate
+    )
 
 
 def _external(prefix: str, name: str, num_classes: int, drop_rate: float) -> nn.Module:
@@ -49,11 +50,11 @@ def _external(prefix: str, name: str, num_classes: int, drop_rate: float) -> nn.
     try:
         module = importlib.import_module(prefix)
     except ImportError as exc:
-        raise ModelError(f"model {prefix}:{name} needs {prefix}; "
-                         f"install it with `{_EXTERNAL[prefix]}`") from exc
+        raise ModelError(
+            f"model {prefix}:{name} needs {prefix}; install it with `{_EXTERNAL[prefix]}`"
+        ) from exc
     if prefix == "timm":
-        return module.create_model(name, pretrained=False, num_classes=num_classes,
-                                   drop_rate=drop_rate)
+        return module.create_model(name, pretrained=False, num_classes=num_classes, drop_rate=drop_rate)
     if drop_rate:
         raise ModelError(f"model.drop_rate is not passed to torchvision:{name}; set it to 0")
     return module.models.get_model(name, weights=None, num_classes=num_classes)
@@ -66,8 +67,10 @@ def _plugin(module_name: str, attr: str, num_classes: int, drop_rate: float) -> 
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except ImportError as exc:
-        raise ModelError(f"{where}: module {module_name!r} does not import ({exc}); "
-                         "check the name and that it is installed") from exc
+        raise ModelError(
+            f"{where}: module {module_name!r} does not import ({exc}); "
+            "check the name and that it is installed"
+        ) from exc
     except AttributeError as exc:
         raise ModelError(f"{where}: {module_name} has no {attr!r}") from exc
     try:
@@ -75,8 +78,9 @@ def _plugin(module_name: str, attr: str, num_classes: int, drop_rate: float) -> 
     except (TypeError, ValueError):
         params = {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in (("num_classes", num_classes), ("drop_rate", drop_rate))
-              if k in params or takes_any}
+    kwargs = {
+        k: v for k, v in (("num_classes", num_classes), ("drop_rate", drop_rate)) if k in params or takes_any
+    }
     if drop_rate and "drop_rate" not in kwargs:
         raise ModelError(f"{where} takes no drop_rate; set model.drop_rate = 0")
     model = factory(**kwargs)

@@ -33,15 +33,16 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any failure to read the file is the user's to fix
-        raise InitFromError(f"model.init_from = {path}: cannot read it as weights "
-                            f"({type(exc).__name__}: {exc})") from exc
+        raise InitFromError(
+            f"model.init_from = {path}: cannot read it as weights ({type(exc).__name__}: {exc})"
+        ) from exc
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a stallfree checkpoint or best.pt
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InitFromError(f"model.init_from = {path}: not a state dict of tensors")
     for prefix in _WRAPPER_PREFIXES:
         if state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
     return state
 
 
@@ -55,12 +56,16 @@ def init_from(model: nn.Module, path: str | Path) -> list[str]:
     if missing or unexpected:
         raise InitFromError(
             f"model.init_from = {path} does not fit model: missing {_few(missing) or 'none'}; "
-            f"not in the model {_few(unexpected) or 'none'}")
+            f"not in the model {_few(unexpected) or 'none'}"
+        )
     fresh = sorted(k for k in state if state[k].shape != own[k].shape)
     model.load_state_dict({k: v for k, v in state.items() if k not in fresh}, strict=False)
     if fresh:
-        warnings.warn(f"model.init_from = {path}: {_few(fresh)} differ in shape (another "
-                      "class count?) and start from a fresh initialisation", stacklevel=2)
+        warnings.warn(
+            f"model.init_from = {path}: {_few(fresh)} differ in shape (another "
+            "class count?) and start from a fresh initialisation",
+            stacklevel=2,
+        )
     return fresh
 
 

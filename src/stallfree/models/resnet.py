@@ -60,9 +60,14 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module | None:
 class ResNet(nn.Module):
     """Stem, four stages, global pool, linear head."""
 
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: list[int],
-                 num_classes: int = 1000, zero_init_residual: bool = True,
-                 drop_rate: float = 0.0) -> None:
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        layers: list[int],
+        num_classes: int = 1000,
+        zero_init_residual: bool = True,
+        drop_rate: float = 0.0,
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
@@ -101,13 +106,11 @@ class ResNet(nn.Module):
         return self.fc(self.drop(torch.flatten(self.avgpool(x), 1)))
 
 
-def resnet18(num_classes: int = 1000, zero_init_residual: bool = True,
-             drop_rate: float = 0.0) -> ResNet:
+def resnet18(num_classes: int = 1000, zero_init_residual: bool = True, drop_rate: float = 0.0) -> ResNet:
     """ResNet-18: 11,689,512 parameters with 1000 classes."""
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, zero_init_residual, drop_rate)
 
 
-def resnet50(num_classes: int = 1000, zero_init_residual: bool = True,
-             drop_rate: float = 0.0) -> ResNet:
+def resnet50(num_classes: int = 1000, zero_init_residual: bool = True, drop_rate: float = 0.0) -> ResNet:
     """ResNet-50: 25,557,032 parameters with 1000 classes."""
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, zero_init_residual, drop_rate)

@@ -17,8 +17,9 @@ from stallfree.train.precision import PrecisionPolicy
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, loader: Loader, policy: PrecisionPolicy,
-                   device: torch.device, dist: DistInfo) -> dict[str, float]:
+def evaluate_model(
+    model: nn.Module, loader: Loader, policy: PrecisionPolicy, device: torch.device, dist: DistInfo
+) -> dict[str, float]:
     """Top-1 and top-5 accuracy and the mean cross-entropy (no label smoothing) over `loader`,
     summed across ranks, and the samples counted.
 
@@ -41,5 +42,9 @@ def evaluate_model(model: nn.Module, loader: Loader, policy: PrecisionPolicy,
         counts[2] += batch.labels.numel()
         counts[3] += nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum")
     top1, top5, total, loss = all_reduce_sum(counts).tolist()
-    return {"val_top1": top1 / max(total, 1), "val_top5": top5 / max(total, 1),
-            "val_loss": loss / total if total else float("nan"), "val_samples": int(total)}
+    return {
+        "val_top1": top1 / max(total, 1),
+        "val_top5": top5 / max(total, 1),
+        "val_loss": loss / total if total else float("nan"),
+        "val_samples": int(total),
+    }

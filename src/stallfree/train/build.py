@@ -60,11 +60,14 @@ class RunContext:
             return self
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
-            count, figures = measure_auto_count(self.recipe, device=self.device, dist=self.dist,
-                                                dataset=self.dataset)
+            count, figures = measure_auto_count(
+                self.recipe, device=self.device, dist=self.dist, dataset=self.dataset
+            )
         elif self.dist.rank == 0:
-            LOGGER.info(f"{autotune.tuned_key(backend)} = auto: {count}, as this run chose at "
-                        "its start (not measured again)")
+            LOGGER.info(
+                f"{autotune.tuned_key(backend)} = auto: {count}, as this run chose at "
+                "its start (not measured again)"
+            )
         recipe = self.recipe.copy()
         autotune.record(recipe.loader, backend, count)
         return dataclasses.replace(self, recipe=recipe, autotune=figures)
@@ -84,14 +87,18 @@ class RunContext:
 
     def loader(self, split: str) -> Loader:
         """This rank's loader of `split`, from the recipe's `loader.backend`."""
-        return build_loader(self.recipe, split, device=self.device, dist=self.dist,
-                            dataset=self.dataset)
+        return build_loader(self.recipe, split, device=self.device, dist=self.dist, dataset=self.dataset)
 
     def facts(self) -> dict[str, Any]:
         """What produced a summary's figures: backend, device, resolved precision, world, batch."""
-        return {"backend": self.recipe.loader.backend, "device": str(self.device),
-                "precision": self.recipe.train.precision, "world_size": self.dist.world_size,
-                "stallfree_version": __version__, "global_batch": self.global_batch}
+        return {
+            "backend": self.recipe.loader.backend,
+            "device": str(self.device),
+            "precision": self.recipe.train.precision,
+            "world_size": self.dist.world_size,
+            "stallfree_version": __version__,
+            "global_batch": self.global_batch,
+        }
 
 
 def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
@@ -105,8 +112,9 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
     _check_trackers(recipe.train.trackers)
-    if recipe.loader.backend == "auto" or (recipe.loader.backend == "synthetic-decode"
-                                           and recipe.loader.synthetic_decode == "auto"):
+    if recipe.loader.backend == "auto" or (
+        recipe.loader.backend == "synthetic-decode" and recipe.loader.synthetic_decode == "auto"
+    ):
         recipe = resolve_auto_loader(recipe, device, dist)
     backend_options(recipe.loader, recipe.loader.backend)  # a plug-in's table, checked now
     return RunContext(recipe, device, dist)
@@ -118,9 +126,11 @@ def _check_trackers(trackers: list[str]) -> None:
 
     for name in trackers:
         if importlib.util.find_spec(name) is None:
-            raise RecipeError(f"train.trackers includes {name!r} but it is not installed: pip "
-                              f"install {TRACKERS[name][1]} (or 'stallfree[track]'), or remove "
-                              "it from train.trackers")
+            raise RecipeError(
+                f"train.trackers includes {name!r} but it is not installed: pip "
+                f"install {TRACKERS[name][1]} (or 'stallfree[track]'), or remove "
+                "it from train.trackers"
+            )
 
 
 def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:
@@ -147,20 +157,27 @@ def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
     return math.ceil(train_batches / accum_steps)
 
 
-def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo,
-                   device: torch.device) -> nn.Module:
+def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch.device) -> nn.Module:
     """`train.sync_bn` under DDP: BatchNorm layers that average statistics over all ranks."""
     if not recipe.train.sync_bn or dist.world_size <= 1:
         return model
     if device.type != "cuda":
-        raise RecipeError("train.sync_bn = true needs CUDA devices (SyncBatchNorm does not run "
-                          "on the CPU); set it to false for a CPU run")
+        raise RecipeError(
+            "train.sync_bn = true needs CUDA devices (SyncBatchNorm does not run "
+            "on the CPU); set it to false for a CPU run"
+        )
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def build_trainer(ctx: RunContext, *, train_batches: int, sinks: SinkSet | None = None,
-                  progress: bool = True, log_every: int | None = None,
-                  resuming: bool = False) -> Trainer:
+def build_trainer(
+    ctx: RunContext,
+    *,
+    train_batches: int,
+    sinks: SinkSet | None = None,
+    progress: bool = True,
+    log_every: int | None = None,
+    resuming: bool = False,
+) -> Trainer:
     """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer.
 
     `resuming`: the checkpoint's weights are loaded next, so model.init_from is not read (a
@@ -179,24 +196,54 @@ def build_trainer(ctx: RunContext, *, train_batches: int, sinks: SinkSet | None 
         model = torch.compile(model)  # inside DDP: DDP's bucketing sees the compiled graph
     model = wrap_model(model, device, dist)
     opt = recipe.optim
-    optimizer = build_optimizer(model, opt.name, lr=opt.lr, momentum=opt.momentum,
-                                weight_decay=opt.weight_decay, nesterov=opt.nesterov,
-                                exclude_norm_bias=opt.wd_exclude_norm_bias)
+    optimizer = build_optimizer(
+        model,
+        opt.name,
+        lr=opt.lr,
+        momentum=opt.momentum,
+        weight_decay=opt.weight_decay,
+        nesterov=opt.nesterov,
+        exclude_norm_bias=opt.wd_exclude_norm_bias,
+    )
     total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
     if opt.warmup_steps >= total:
-        warnings.warn(f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
-                      "steps: the LR never leaves warmup and never decays; lower warmup_steps",
-                      stacklevel=2)
-    scheduler = warmup_cosine(optimizer, total_steps=total, warmup_steps=opt.warmup_steps,
-                              min_lr_frac=opt.min_lr_frac)
+        warnings.warn(
+            f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
+            "steps: the LR never leaves warmup and never decays; lower warmup_steps",
+            stacklevel=2,
+        )
+    scheduler = warmup_cosine(
+        optimizer, total_steps=total, warmup_steps=opt.warmup_steps, min_lr_frac=opt.min_lr_frac
+    )
     t, aug = recipe.train, recipe.augment
-    config = TrainerConfig(precision=t.precision, accum_steps=t.accum_steps,
-                           max_grad_norm=t.max_grad_norm, log_every=log_every or t.log_every,
-                           max_nonfinite_steps=t.max_nonfinite_steps,
-                           label_smoothing=opt.label_smoothing, progress=progress)
-    mixer = Mixer(mixup_alpha=aug.mixup_alpha, cutmix_alpha=aug.cutmix_alpha, prob=aug.mix_prob,
-                  seed=t.seed, rank=dist.rank)
-    micro = MicroBatcher(size=t.micro_batch if isinstance(t.micro_batch, int) else 0,
-                         auto=t.micro_batch == "auto")
-    return Trainer(model, optimizer, scheduler, config=config, device=device, dist=dist,
-                   sinks=sinks, mixer=mixer, ema=ema, micro=micro)
+    config = TrainerConfig(
+        precision=t.precision,
+        accum_steps=t.accum_steps,
+        max_grad_norm=t.max_grad_norm,
+        log_every=log_every or t.log_every,
+        max_nonfinite_steps=t.max_nonfinite_steps,
+        label_smoothing=opt.label_smoothing,
+        progress=progress,
+    )
+    mixer = Mixer(
+        mixup_alpha=aug.mixup_alpha,
+        cutmix_alpha=aug.cutmix_alpha,
+        prob=aug.mix_prob,
+        seed=t.seed,
+        rank=dist.rank,
+    )
+    micro = MicroBatcher(
+        size=t.micro_batch if isinstance(t.micro_batch, int) else 0, auto=t.micro_batch == "auto"
+    )
+    return Trainer(
+        model,
+        optimizer,
+        scheduler,
+        config=config,
+        device=device,
+        dist=dist,
+        sinks=sinks,
+        mixer=mixer,
+        ema=ema,
+        micro=micro,
+    )

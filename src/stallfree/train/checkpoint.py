@@ -67,7 +67,7 @@ class Checkpointer:
 
     def _prune(self, keep_also: Path) -> None:
         # Never the file just written, even if an older run left higher step numbers here.
-        for old in self.paths()[self.keep:]:
+        for old in self.paths()[self.keep :]:
             if old != keep_also:
                 old.unlink(missing_ok=True)
 
@@ -125,8 +125,12 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     np_state = np.random.get_state()
     return {
         "python": {"version": version, "state": list(mt), "gauss": gauss},
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if _is_cuda(device) else torch.empty(0),
     }
@@ -141,8 +145,15 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"],
-                         npy["has_gauss"], npy["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            npy["keys"].numpy().astype(np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            npy["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
     if isinstance(cuda, torch.Tensor) and cuda.numel() and _is_cuda(device):

@@ -30,7 +30,8 @@ def local_cuda_index(info: DistInfo, visible: int) -> int:
         return 0
     raise DeviceError(
         f"LOCAL_RANK {info.local_rank} has no CUDA device: only {visible} visible "
-        f"(CUDA_VISIBLE_DEVICES); give each rank its own GPU or launch fewer processes per node")
+        f"(CUDA_VISIBLE_DEVICES); give each rank its own GPU or launch fewer processes per node"
+    )
 
 
 def resolve_device(name: str, info: DistInfo) -> torch.device:
@@ -39,8 +40,9 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError("train.device = cuda but CUDA is not available here; "
-                              "use --device cpu (or auto)")
+            raise DeviceError(
+                "train.device = cuda but CUDA is not available here; use --device cpu (or auto)"
+            )
         return torch.device("cuda", local_cuda_index(info, torch.cuda.device_count()))
     return torch.device(name)
 

@@ -13,12 +13,12 @@ import torch
 
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
-from stallfree.train.accuracy import evaluate_model
 from stallfree.recipe import Recipe
+from stallfree.train.accuracy import evaluate_model
+from stallfree.train.build import prepare
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
-from stallfree.train.build import prepare
 
 
 def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:
@@ -41,6 +41,12 @@ def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any
     finally:
         loader.close()
     shutdown()
-    return {"val_top1": result["val_top1"], "val_top5": result["val_top5"],
-            "val_loss": result["val_loss"], "samples": result["val_samples"], "checkpoint": str(checkpoint),
-            "precision": recipe.train.precision, "world_size": dist.world_size}
+    return {
+        "val_top1": result["val_top1"],
+        "val_top5": result["val_top5"],
+        "val_loss": result["val_loss"],
+        "samples": result["val_samples"],
+        "checkpoint": str(checkpoint),
+        "precision": recipe.train.precision,
+        "world_size": dist.world_size,
+    }

@@ -54,10 +54,16 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
     size = recipe.augment.val_size  # what evaluation feeds it
     example = torch.zeros(1, 3, size, size)
     info: dict[str, Any] = {
-        "checkpoint": str(path), "model": recipe.model.name, "num_classes": classes,
-        "weights": "ema" if ema else "model", "input": [3, size, size],
-        "mean": recipe.augment.mean, "std": recipe.augment.std, "pixels": "RGB, 0-1, NCHW",
-        "written": ["state_dict.pt"], "not_written": {},
+        "checkpoint": str(path),
+        "model": recipe.model.name,
+        "num_classes": classes,
+        "weights": "ema" if ema else "model",
+        "input": [3, size, size],
+        "mean": recipe.augment.mean,
+        "std": recipe.augment.std,
+        "pixels": "RGB, 0-1, NCHW",
+        "written": ["state_dict.pt"],
+        "not_written": {},
     }
     try:
         with torch.no_grad():
@@ -68,9 +74,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
     try:
         import onnx  # noqa: F401 - torch's exporter needs it
 
-        torch.onnx.export(model, (example,), str(out / "model.onnx"), dynamo=False,
-                          input_names=["images"], output_names=["logits"],
-                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        torch.onnx.export(
+            model,
+            (example,),
+            str(out / "model.onnx"),
+            dynamo=False,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+        )
         info["written"].append("model.onnx")
     except Exception as exc:  # noqa: BLE001 - likewise: reported in export.json
         info["not_written"]["model.onnx"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -38,12 +38,16 @@ class MicroBatcher:
     def back_off(self, n: int) -> None:
         """Halve the chunk size (after an out-of-memory error on a batch of `n`)."""
         self.size = max(1, (self.size or n) // 2)
-        warnings.warn(f"out of memory: train.micro_batch = auto now cuts each batch of {n} into "
-                      f"chunks of {self.size} and retries the window", stacklevel=3)
+        warnings.warn(
+            f"out of memory: train.micro_batch = auto now cuts each batch of {n} into "
+            f"chunks of {self.size} and retries the window",
+            stacklevel=3,
+        )
 
 
-def probe_micro_batch(step: Callable[[int], None], batch_size: int,
-                      min_over_ranks: Callable[[int], int]) -> int:
+def probe_micro_batch(
+    step: Callable[[int], None], batch_size: int, min_over_ranks: Callable[[int], int]
+) -> int:
     """The largest power-of-two share of `batch_size` for which `step(size)` (one forward and
     backward) fits, agreed across ranks (the minimum)."""
     size = batch_size

@@ -28,8 +28,7 @@ class Mixer:
     """timm-style batch mixing: with probability `prob`, mixup or cutmix (chosen 50/50 when
     both alphas are set), lambda ~ Beta(alpha, alpha)."""
 
-    def __init__(self, *, mixup_alpha: float, cutmix_alpha: float, prob: float, seed: int,
-                 rank: int) -> None:
+    def __init__(self, *, mixup_alpha: float, cutmix_alpha: float, prob: float, seed: int, rank: int) -> None:
         self.mixup_alpha, self.cutmix_alpha, self.prob = mixup_alpha, cutmix_alpha, prob
         self.seed, self.rank = seed, rank
 
@@ -37,8 +36,7 @@ class Mixer:
     def enabled(self) -> bool:
         return self.prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *, epoch: int,
-                 index: int) -> Mixed | None:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *, epoch: int, index: int) -> Mixed | None:
         """Mix micro-batch `index` of `epoch`, or None when this batch is left as it is."""
         rng = np.random.default_rng([self.seed, epoch, index, self.rank, 0x3D1])
         if not self.enabled or rng.random() >= self.prob:
@@ -54,8 +52,9 @@ class Mixer:
         return Mixed(images, labels, labels[perm], lam)
 
 
-def _cutmix(images: torch.Tensor, perm: torch.Tensor, lam: float,
-            rng: np.random.Generator) -> tuple[torch.Tensor, float]:
+def _cutmix(
+    images: torch.Tensor, perm: torch.Tensor, lam: float, rng: np.random.Generator
+) -> tuple[torch.Tensor, float]:
     """Paste a box of the partner image; lam becomes the exact share of the kept area."""
     height, width = images.shape[-2:]
     cut = math.sqrt(1 - lam)

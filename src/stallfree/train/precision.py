@@ -41,8 +41,7 @@ def cuda_has_native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def resolve_precision(requested: str, device: torch.device, *,
-                      cpu_bf16: bool | None = None) -> str:
+def resolve_precision(requested: str, device: torch.device, *, cpu_bf16: bool | None = None) -> str:
     """`auto` -> what `device` runs natively; an explicit choice is returned unchanged.
 
     CUDA: bf16 from Ampere on, else fp16 (with GradScaler). CPU: bf16 with native bf16
@@ -65,8 +64,9 @@ class PrecisionPolicy:
 
     def __post_init__(self) -> None:
         if self.precision not in _DTYPES:
-            raise ValueError(f"precision {self.precision!r}; resolve 'auto' first, or choose one "
-                             f"of {', '.join(_DTYPES)}")
+            raise ValueError(
+                f"precision {self.precision!r}; resolve 'auto' first, or choose one of {', '.join(_DTYPES)}"
+            )
 
     @property
     def dtype(self) -> torch.dtype:

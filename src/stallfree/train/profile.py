@@ -24,9 +24,11 @@ class StepProfiler:
             if self.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
             self._prof = profile(
-                activities=activities, record_shapes=True,
+                activities=activities,
+                record_shapes=True,
                 schedule=schedule(wait=WARMUP_STEPS, warmup=1, active=self.steps, repeat=1),
-                on_trace_ready=self._write)
+                on_trace_ready=self._write,
+            )
             self._prof.__enter__()
         return self
 

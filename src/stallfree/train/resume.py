@@ -27,9 +27,15 @@ class ResumeError(StallfreeError, ValueError):
     """A checkpoint whose run differs from this one in a way that changes its meaning."""
 
 
-def training_state(trainer: Trainer, loader_state: dict[str, Any], recipe: Recipe,
-                   world_size: int, device: torch.device, metrics_records: int,
-                   num_classes: int = 0) -> dict[str, Any]:
+def training_state(
+    trainer: Trainer,
+    loader_state: dict[str, Any],
+    recipe: Recipe,
+    world_size: int,
+    device: torch.device,
+    metrics_records: int,
+    num_classes: int = 0,
+) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
     Loader state (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
@@ -53,14 +59,19 @@ def best_state(trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int) -
     """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
     A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
     state = trainer.state_dict()
-    return {"model": state["model"], **({"ema": state["ema"]} if "ema" in state else {}),
-            "epoch": epoch, "step": trainer.optimizer_steps, "val_top1": trainer.best_val_top1,
-            "recipe": recipe.to_dict(), "num_classes": num_classes,
-            "stallfree_version": __version__}
+    return {
+        "model": state["model"],
+        **({"ema": state["ema"]} if "ema" in state else {}),
+        "epoch": epoch,
+        "step": trainer.optimizer_steps,
+        "val_top1": trainer.best_val_top1,
+        "recipe": recipe.to_dict(),
+        "num_classes": num_classes,
+        "stallfree_version": __version__,
+    }
 
 
-def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
-            device: torch.device) -> int:
+def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int, device: torch.device) -> int:
     """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue: the
     loader's, the one place the epoch is kept (the checkpoint's top-level "epoch" is a copy of
     it for the checks that run before any loader exists).
@@ -81,8 +92,9 @@ def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int,
 def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
     train = recipe["train"]
     return {
-        "global batch (train.batch_size x train.accum_steps x world size)":
-            train["batch_size"] * train["accum_steps"] * world_size,
+        "global batch (train.batch_size x train.accum_steps x world size)": train["batch_size"]
+        * train["accum_steps"]
+        * world_size,
         "loader.backend": recipe["loader"]["backend"],
         "data.root": str(Path(recipe["data"]["root"]).resolve()) if recipe["data"]["root"] else "",
         "model.name": recipe["model"]["name"],
@@ -90,8 +102,9 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
     }
 
 
-def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, path: Path,
-                     force: bool = False) -> None:
+def check_compatible(
+    state: dict[str, Any], recipe: Recipe, world_size: int, path: Path, force: bool = False
+) -> None:
     """Refuse to resume a run whose global batch, backend, data, model or epoch count differ.
 
     The micro-batch split and the world size may change as long as the global batch stays:
@@ -101,24 +114,35 @@ def check_compatible(state: dict[str, Any], recipe: Recipe, world_size: int, pat
     accepts that, as it does the other differences.
     """
     if "batch_size" not in state["ranks"][0]["loader"]:
-        raise ResumeError(f"cannot resume from {path}: it was written by stallfree "
-                          f"{state.get('stallfree_version', '< 0.2')}, which counted the loader "
-                          "position in batches, not samples; finish that run with the version "
-                          "that wrote it, or start this one in another --out")
+        raise ResumeError(
+            f"cannot resume from {path}: it was written by stallfree "
+            f"{state.get('stallfree_version', '< 0.2')}, which counted the loader "
+            "position in batches, not samples; finish that run with the version "
+            "that wrote it, or start this one in another --out"
+        )
     saved = _semantics(state["recipe"], int(state["world_size"]))
     now = _semantics(recipe.to_dict(), world_size)
-    diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}"
-             for key in saved if saved[key] != now[key]]
+    diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}" for key in saved if saved[key] != now[key]]
     if diffs and not force:
         saved_epochs = state["recipe"]["train"]["epochs"]
-        done = f" That run had already finished ({saved_epochs} epochs)." \
-            if int(state["epoch"]) >= saved_epochs else ""
+        done = (
+            f" That run had already finished ({saved_epochs} epochs)."
+            if int(state["epoch"]) >= saved_epochs
+            else ""
+        )
         epochs = f" (--epochs {saved_epochs})" if saved_epochs != recipe.train.epochs else ""
-        schedule = " (with another train.epochs the LR schedule is re-laid over the new count, " \
-            "so the LR jumps to that curve's value at this step)" if epochs else ""
-        raise ResumeError(f"cannot resume from {path}: the run differs in " + "; ".join(diffs)
-                          + f".{done} Restore those settings{epochs}, pass --force to resume "
-                          f"anyway{schedule}, or use another --out.")
+        schedule = (
+            " (with another train.epochs the LR schedule is re-laid over the new count, "
+            "so the LR jumps to that curve's value at this step)"
+            if epochs
+            else ""
+        )
+        raise ResumeError(
+            f"cannot resume from {path}: the run differs in "
+            + "; ".join(diffs)
+            + f".{done} Restore those settings{epochs}, pass --force to resume "
+            f"anyway{schedule}, or use another --out."
+        )
 
 
 def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any], Path] | None:
@@ -127,18 +151,24 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any]
         return checkpointer.load_latest()
     path = Path(resume)
     if path.is_dir():
-        raise ResumeError(f"--resume {path} is a directory; pass a checkpoint file "
-                          f"({path}/checkpoints/ckpt-<step>.pt) or --resume auto with --out {path}")
+        raise ResumeError(
+            f"--resume {path} is a directory; pass a checkpoint file "
+            f"({path}/checkpoints/ckpt-<step>.pt) or --resume auto with --out {path}"
+        )
     state = load_checkpoint(path)
     others = [p for p in checkpointer.paths() if p.resolve() != path.resolve()]
     if others and path.resolve().parent != checkpointer.directory.resolve():
-        raise ResumeError(f"{checkpointer.directory} already holds another run's checkpoints "
-                          f"({', '.join(p.name for p in others[:3])}); resume into an empty --out")
+        raise ResumeError(
+            f"{checkpointer.directory} already holds another run's checkpoints "
+            f"({', '.join(p.name for p in others[:3])}); resume into an empty --out"
+        )
     newer = [p.name for p in others if _step(p) > state["counters"]["optimizer_steps"]]
     if newer:
-        raise ResumeError(f"{checkpointer.directory} holds checkpoints newer than {path.name} "
-                          f"({', '.join(newer)}): resuming would mix two histories; move them "
-                          "away first, or resume into another --out")
+        raise ResumeError(
+            f"{checkpointer.directory} holds checkpoints newer than {path.name} "
+            f"({', '.join(newer)}): resuming would mix two histories; move them "
+            "away first, or resume into another --out"
+        )
     return state, path
 
 

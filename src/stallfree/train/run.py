@@ -25,8 +25,14 @@ from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.profile import StepProfiler
-from stallfree.train.resume import (StopSignal, best_state, check_compatible, find_resume, restore,
-                                    training_state)
+from stallfree.train.resume import (
+    StopSignal,
+    best_state,
+    check_compatible,
+    find_resume,
+    restore,
+    training_state,
+)
 from stallfree.train.rundir import RunDir
 from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
 
@@ -76,11 +82,19 @@ def _check_batches(loader: Loader, ctx: RunContext) -> None:
         raise RecipeError(
             f"train.batch_size {ctx.recipe.train.batch_size} x {ctx.dist.world_size} rank(s) is "
             f"more than the {ctx.train_samples} images of the training split; lower "
-            "train.batch_size")
+            "train.batch_size"
+        )
 
 
-def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
-          resume: str | None = None, force: bool = False, profile_steps: int = 0) -> dict[str, Any]:
+def train(
+    recipe: Recipe,
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    resume: str | None = None,
+    force: bool = False,
+    profile_steps: int = 0,
+) -> dict[str, Any]:
     """Run the recipe; write recipe.toml, metrics.jsonl, summary.json and checkpoints/.
 
     `profile_steps` > 0 traces that many optimizer steps after a warm-up into profile/.
@@ -105,8 +119,10 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         clock.load(found[0].get("segments"))
         if found[0]["epoch"] >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
-            LOGGER.info(f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
-                        f"{recipe.train.epochs}); nothing to do")
+            LOGGER.info(
+                f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
+                f"{recipe.train.epochs}); nothing to do"
+            )
             return run.finished_summary()
     # "auto" worker/thread counts: a resume reuses what its checkpoint's recipe records.
     ctx = ctx.with_dataset().with_loader_counts(found[0]["recipe"] if found else None)
@@ -120,10 +136,16 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
         for split in ("train", "val"):
             loaders[split] = ctx.loader(split)
         _check_batches(loaders["train"], ctx)
-        trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks,
-                                progress=progress, resuming=found is not None)
-        start_epoch = restore(found[0], trainer, loaders["train"], dist.rank, device) \
-            if found is not None else 0
+        trainer = build_trainer(
+            ctx,
+            train_batches=len(loaders["train"]),
+            sinks=sinks,
+            progress=progress,
+            resuming=found is not None,
+        )
+        start_epoch = (
+            restore(found[0], trainer, loaders["train"], dist.rank, device) if found is not None else 0
+        )
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()
@@ -133,8 +155,7 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             if ctx.autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", ctx.autotune)
         _announce(ctx, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps,
-                       clock)
+        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, clock)
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
@@ -144,8 +165,12 @@ def train(recipe: Recipe, out_dir: str | Path, *, progress: bool = True,
             item.close()
         if all_ranks_here:
             shutdown()
-    summary.update(wall_s=clock.wall_s(), segments=clock.earlier + 1,
-                   checkpoint_save_s=checkpointer.last_save_s, **ctx.facts())
+    summary.update(
+        wall_s=clock.wall_s(),
+        segments=clock.earlier + 1,
+        checkpoint_save_s=checkpointer.last_save_s,
+        **ctx.facts(),
+    )
     if dist.rank == 0:
         write_json_atomic(run.path / "summary.json", summary)
     return summary
@@ -174,8 +199,10 @@ def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -
 
     found = probe_micro_batch(step, recipe.train.batch_size, min_over_ranks)
     if found < 1:
-        raise MicroBatchOOMError("train.micro_batch = auto: not even one image fits on some "
-                                 "rank's device; use a smaller model or image size")
+        raise MicroBatchOOMError(
+            "train.micro_batch = auto: not even one image fits on some "
+            "rank's device; use a smaller model or image size"
+        )
     if trainer.dist.rank == 0:
         LOGGER.info(f"train.micro_batch = auto: chunks of {found} on every rank")
     return found
@@ -197,12 +224,13 @@ def _announce(ctx: RunContext, found: Any, start_epoch: int, trainer: Trainer) -
     if ctx.dist.rank != 0:
         return
     recipe = ctx.recipe
-    LOGGER.info(f"{recipe.loader.backend} loader, {recipe.model.name}, {ctx.device}, "
-                f"precision {recipe.train.precision}, world size {ctx.dist.world_size}, "
-                f"global batch {ctx.global_batch}")
+    LOGGER.info(
+        f"{recipe.loader.backend} loader, {recipe.model.name}, {ctx.device}, "
+        f"precision {recipe.train.precision}, world size {ctx.dist.world_size}, "
+        f"global batch {ctx.global_batch}"
+    )
     if found is not None:
-        LOGGER.info(f"resumed from {found[1]} at epoch {start_epoch}, "
-                    f"step {trainer.optimizer_steps}")
+        LOGGER.info(f"resumed from {found[1]} at epoch {start_epoch}, step {trainer.optimizer_steps}")
 
 
 class TimeToGo:
@@ -230,34 +258,53 @@ class TimeToGo:
         self.done = True
         per_step = (time.perf_counter() - self.started) / max(1, steps)
         left = (self.total_steps - self.trainer.optimizer_steps) * per_step
-        LOGGER.info(f"about {left / 60:.1f} min to go ({self.total_steps} steps in "
-                   f"all at {per_step:.2f} s each; validation not included)")
+        LOGGER.info(
+            f"about {left / 60:.1f} min to go ({self.total_steps} steps in "
+            f"all at {per_step:.2f} s each; validation not included)"
+        )
 
 
-def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointer, run: RunDir,
-         ctx: RunContext, start_epoch: int, profile_steps: int,
-         clock: SegmentClock) -> dict[str, Any]:
+def _run(
+    trainer: Trainer,
+    loaders: dict[str, Loader],
+    checkpointer: Checkpointer,
+    run: RunDir,
+    ctx: RunContext,
+    start_epoch: int,
+    profile_steps: int,
+    clock: SegmentClock,
+) -> dict[str, Any]:
     """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
     def save() -> None:
-        state = training_state(trainer, train_loader.state_dict(), recipe, dist.world_size,
-                               device, trainer.sinks.records, ctx.num_classes)
+        state = training_state(
+            trainer,
+            train_loader.state_dict(),
+            recipe,
+            dist.world_size,
+            device,
+            trainer.sinks.records,
+            ctx.num_classes,
+        )
         state["segments"] = clock.state_dict()
         checkpointer.save(state, trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
-    eta = TimeToGo(trainer, recipe.train.epochs * steps_per_epoch(len(train_loader),
-                                                                 recipe.train.accum_steps))
+    eta = TimeToGo(
+        trainer, recipe.train.epochs * steps_per_epoch(len(train_loader), recipe.train.accum_steps)
+    )
     extras = []
     monitor = GpuMonitor.maybe(device)
     if monitor is not None:
         extras.append(monitor.sample)
     if recipe.data.on_error == "skip":
         extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
-    with StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler, \
-            StopSignal() as stop:
+    with (
+        StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler,
+        StopSignal() as stop,
+    ):
 
         def on_step(t: Trainer) -> None:
             profiler.step()
@@ -270,17 +317,26 @@ def _run(trainer: Trainer, loaders: dict[str, Loader], checkpointer: Checkpointe
             if t.improved:
                 checkpointer.save_best(best_state(t, recipe, epoch, ctx.num_classes))
 
-        hooks = TrainerHooks(on_step=on_step, on_epoch_end=on_epoch_end,
-                             stop_requested=lambda: stop.requested is not None,
-                             record_extras=extras)
+        hooks = TrainerHooks(
+            on_step=on_step,
+            on_epoch_end=on_epoch_end,
+            stop_requested=lambda: stop.requested is not None,
+            record_extras=extras,
+        )
         try:
-            return trainer.fit(train_loader, loaders["val"], epochs=recipe.train.epochs,
-                               start_epoch=start_epoch, hooks=hooks)
+            return trainer.fit(
+                train_loader, loaders["val"], epochs=recipe.train.epochs, start_epoch=start_epoch, hooks=hooks
+            )
         except PreemptedError as exc:
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
             save()
             exc.signal = stop.requested or "SIGTERM"
             if dist.rank == 0 and exc.signal != "SIGINT":
-                run.mark_preempted({"signal": exc.signal, "step": trainer.optimizer_steps,
-                                    "checkpoint": str(checkpointer.paths()[0])})
+                run.mark_preempted(
+                    {
+                        "signal": exc.signal,
+                        "step": trainer.optimizer_steps,
+                        "checkpoint": str(checkpointer.paths()[0]),
+                    }
+                )
             raise

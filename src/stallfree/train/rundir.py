@@ -41,8 +41,9 @@ class RunDir:
             with tempfile.TemporaryFile(dir=probe):
                 pass
         except OSError as exc:
-            raise RunDirError(f"--out {self.path}: cannot write in {probe} ({exc.strerror}); "
-                              "choose another --out") from exc
+            raise RunDirError(
+                f"--out {self.path}: cannot write in {probe} ({exc.strerror}); choose another --out"
+            ) from exc
 
     def artifacts(self) -> list[Path]:
         """What an earlier run left here: checkpoints, metrics, summary."""
@@ -61,7 +62,8 @@ class RunDir:
             what = "checkpoints that do not load" if resume == "auto" else "another run's files"
             raise RunDirError(
                 f"--out {self.path} holds {what} ({names}); continue that run with "
-                f"--resume auto, or start this one in another --out directory")
+                f"--resume auto, or start this one in another --out directory"
+            )
 
     def start(self, recipe_toml: str, metrics_records: int) -> None:
         """Rank 0, once every check has passed: write the recipe, cut metrics back to the
@@ -96,12 +98,12 @@ class RunDir:
 def summary_from_metrics(path: Path) -> dict[str, Any]:
     """The figures of summary.json from a run's metrics.jsonl: throughput and data-wait over all
     its intervals, the last validation, the step counts."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-        if path.is_file() else []
+    records = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_top1" in r]
-    summary: dict[str, Any] = {"images_per_s": None, "data_wait_frac": None,
-                               "rebuilt_from": METRICS}
+    summary: dict[str, Any] = {"images_per_s": None, "data_wait_frac": None, "rebuilt_from": METRICS}
     timed = [r for r in train if "interval_s" in r and r["interval_s"]]
     if timed:
         wall = sum(r["interval_s"] for r in timed)

@@ -8,8 +8,9 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int = 0,
-                  min_lr_frac: float = 0.0) -> LambdaLR:
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int = 0, min_lr_frac: float = 0.0
+) -> LambdaLR:
     """Multiplier ramps 1/w .. 1 over `warmup_steps`, then follows a cosine to `min_lr_frac`.
 
     The trainer calls `step()` only after an optimizer step that happened, so a GradScaler
@@ -26,9 +27,16 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_
     return LambdaLR(optimizer, factor)
 
 
-def build_optimizer(model: torch.nn.Module, name: str, *, lr: float, momentum: float,
-                    weight_decay: float, nesterov: bool = False,
-                    exclude_norm_bias: bool = True) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module,
+    name: str,
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    nesterov: bool = False,
+    exclude_norm_bias: bool = True,
+) -> torch.optim.Optimizer:
     """SGD (optionally Nesterov) or AdamW.
 
     With `exclude_norm_bias`, biases and normalisation parameters (every 1-D tensor) get no
@@ -36,8 +44,12 @@ def build_optimizer(model: torch.nn.Module, name: str, *, lr: float, momentum: f
     """
     params = [p for p in model.parameters() if p.requires_grad]
     excluded = [p for p in params if exclude_norm_bias and p.ndim <= 1]
-    groups = [{"params": [p for p in params if not (exclude_norm_bias and p.ndim <= 1)],
-               "weight_decay": weight_decay}]
+    groups = [
+        {
+            "params": [p for p in params if not (exclude_norm_bias and p.ndim <= 1)],
+            "weight_decay": weight_decay,
+        }
+    ]
     if excluded:
         groups.append({"params": excluded, "weight_decay": 0.0})
     if name == "sgd":

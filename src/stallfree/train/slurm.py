@@ -33,18 +33,23 @@ def requeue(job_id: str, timeout_s: float = 60.0) -> bool:
     checkpoint is saved either way, and the job can be resubmitted by hand."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
-        LOGGER.error(f"cannot requeue Slurm job {job_id}: scontrol is not on PATH; resubmit "
-                     "the job (it resumes with --resume auto)")
+        LOGGER.error(
+            f"cannot requeue Slurm job {job_id}: scontrol is not on PATH; resubmit "
+            "the job (it resumes with --resume auto)"
+        )
         return False
     try:
-        done = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run(
+            [scontrol, "requeue", job_id], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         LOGGER.error(f"scontrol requeue {job_id} failed: {exc}; resubmit the job")
         return False
     if done.returncode != 0:
-        LOGGER.error(f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.returncode}"
-                     "; resubmit the job (is JobRequeue enabled, or --no-requeue set?)")
+        LOGGER.error(
+            f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.returncode}"
+            "; resubmit the job (is JobRequeue enabled, or --no-requeue set?)"
+        )
         return False
     LOGGER.warning(f"requeued Slurm job {job_id}: it resumes from the checkpoint when it starts")
     return True
@@ -65,8 +70,13 @@ def hostnames(nodelist: str, timeout_s: float = 10.0) -> list[str]:
     if scontrol is not None:
         try:
             # Without a readable slurm.conf scontrol retries for a minute: hence the timeout.
-            done = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True,
-                                  text=True, timeout=timeout_s, check=False)
+            done = subprocess.run(
+                [scontrol, "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             LOGGER.debug(f"scontrol show hostnames {nodelist}: {exc}; parsing it here")
         else:
@@ -91,7 +101,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
         pieces: list[list[str]] = []
         at = 0
         for match in _BRACKET.finditer(name):
-            pieces += [[name[at:match.start()]], _expand_ranges(match.group(1), nodelist)]
+            pieces += [[name[at : match.start()]], _expand_ranges(match.group(1), nodelist)]
             at = match.end()
         tail = name[at:]
         if "[" in tail or "]" in tail:
@@ -123,8 +133,9 @@ def _expand_ranges(text: str, nodelist: str) -> list[str]:
     for part in text.split(","):
         match = _RANGE.fullmatch(part.strip())
         if match is None or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-            raise NodeListError(f"node list {nodelist!r}: [{text}] is not numbers and "
-                                "low-high ranges, e.g. [01-04,7]")
+            raise NodeListError(
+                f"node list {nodelist!r}: [{text}] is not numbers and low-high ranges, e.g. [01-04,7]"
+            )
         low, high = match.group(1), match.group(2) or match.group(1)
         out += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
     return out
@@ -140,6 +151,7 @@ def slurm_rendezvous(env: dict[str, str] | None = None) -> dict[str, str]:
     id (the same for every task, and for the job when it is requeued) unless already set."""
     env = dict(os.environ if env is None else env)
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "localhost"
-    return {"MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
-            "MASTER_PORT": env.get("MASTER_PORT") or str(
-                20_000 + int(env.get("SLURM_JOB_ID", "0")) % 20_000)}
+    return {
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(20_000 + int(env.get("SLURM_JOB_ID", "0")) % 20_000),
+    }

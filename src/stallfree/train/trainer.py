@@ -72,11 +72,20 @@ class TrainerHooks:
 class Trainer:
     """Trains `model` on any `Loader`; never branches on the backend."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
-                 config: TrainerConfig, device: torch.device, dist: DistInfo | None = None,
-                 sinks: SinkSet | list[Sink] | None = None, mixer: Mixer | None = None,
-                 ema: ModelEma | None = None, micro: MicroBatcher | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        *,
+        config: TrainerConfig,
+        device: torch.device,
+        dist: DistInfo | None = None,
+        sinks: SinkSet | list[Sink] | None = None,
+        mixer: Mixer | None = None,
+        ema: ModelEma | None = None,
+        micro: MicroBatcher | None = None,
+    ) -> None:
         """Everything the step loop uses is given here; nothing is set on it afterwards.
 
         `sinks` may be opened later (`SinkSet.open`, once the run directory is written);
@@ -114,8 +123,11 @@ class Trainer:
         if batch.labels.numel() == 0:  # every image bad and skipped (data.on_error = skip)
             self._empty_step(batch, boundary)
             return
-        mixed = self.mixer(batch.images, batch.labels, epoch=self.epoch, index=index) \
-            if self.mixer is not None else None
+        mixed = (
+            self.mixer(batch.images, batch.labels, epoch=self.epoch, index=index)
+            if self.mixer is not None
+            else None
+        )
         images = batch.images if mixed is None else mixed.images
         n = batch.labels.numel()
         chunks = self.micro.split(n)
@@ -129,7 +141,8 @@ class Trainer:
                 loss = self.loss_fn(logits, batch.labels[a:b])
                 if mixed is not None:  # the mix of the two targets, with label smoothing kept
                     loss = mixed.lam * loss + (1 - mixed.lam) * self.loss_fn(
-                        logits, mixed.partner_labels[a:b])
+                        logits, mixed.partner_labels[a:b]
+                    )
                 # Weighted by the chunk's share of the batch and divided by the window's true
                 # length, so the summed gradient is the window mean (short last window too).
                 self.scaler.scale(loss * ((b - a) / n / window_len)).backward()
@@ -169,7 +182,7 @@ class Trainer:
                 if mark is None or not self.micro.can_back_off(self.dist.world_size, n):
                     raise MicroBatchOOMError(
                         f"out of memory on a micro-batch of {self.micro.size or n} images. Set "
-                        f"train.micro_batch = \"auto\", or lower train.batch_size and raise "
+                        f'train.micro_batch = "auto", or lower train.batch_size and raise '
                         f"train.accum_steps (now {self.config.accum_steps}) to keep the same "
                         "global batch; --resume auto continues from the last checkpoint."
                     ) from exc
@@ -234,8 +247,9 @@ class Trainer:
         self.epoch = epoch
         self.train_batches(loader, loader.batches_left(), total=len(loader), hooks=hooks)
 
-    def train_batches(self, batches: Iterable[Batch], count: int, *, total: int = 0,
-                      hooks: TrainerHooks | None = None) -> None:
+    def train_batches(
+        self, batches: Iterable[Batch], count: int, *, total: int = 0, hooks: TrainerHooks | None = None
+    ) -> None:
         """Train on the `count` micro-batches that `batches` yields, `accum_steps` per step.
 
         Windows count from where this pass starts, which is an optimizer-step boundary
@@ -248,9 +262,15 @@ class Trainer:
         timer = StepTimer()
         total = max(total, count)
         first = total - count  # micro-batches of this epoch taken before this pass
-        bar = tqdm(total=total, initial=first, desc=f"epoch {self.epoch}", unit="batch",
-                   leave=False, dynamic_ncols=True,
-                   disable=not self.config.progress or self.dist.rank != 0)
+        bar = tqdm(
+            total=total,
+            initial=first,
+            desc=f"epoch {self.epoch}",
+            unit="batch",
+            leave=False,
+            dynamic_ncols=True,
+            disable=not self.config.progress or self.dist.rank != 0,
+        )
         seen, window = 0, []
         try:
             for batch in timer.iterate(batches):
@@ -307,15 +327,25 @@ class Trainer:
         if self._window.samples == 0:  # every image since the last record was bad: no loss
             return  # the interval (time, images) carries on into the next record
         wall, wait = timer.lap()
-        record = self._window.record(step=self.optimizer_steps, epoch=self.epoch, lr=self._step_lr,
-                                     wall=wall, wait=wait, world_size=self.dist.world_size,
-                                     skipped_steps=self.skipped_steps)
+        record = self._window.record(
+            step=self.optimizer_steps,
+            epoch=self.epoch,
+            lr=self._step_lr,
+            wall=wall,
+            wait=wait,
+            world_size=self.dist.world_size,
+            skipped_steps=self.skipped_steps,
+        )
         self.totals.add(record, wait)
         record.update(extras)
         self._emit(record)
         skipped = {"skipped": record["skipped_samples"]} if "skipped_samples" in record else {}
-        bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}",
-                        wait=f"{100 * record['data_wait_frac']:.0f}%", **skipped)
+        bar.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            img_s=f"{record['images_per_s']:.0f}",
+            wait=f"{100 * record['data_wait_frac']:.0f}%",
+            **skipped,
+        )
         if bar.disable and self.dist.rank == 0:  # no bar (a batch job's log): one plain line
             LOGGER.info(interval_line(record))
         self._window = LogWindow.zeros(self.device)
@@ -324,8 +354,15 @@ class Trainer:
         """Top-1 and top-5 accuracy over this loader, summed across ranks."""
         return evaluate_model(self.model, loader, self.policy, self.device, self.dist)
 
-    def fit(self, train_loader: Loader, val_loader: Loader | None, *, epochs: int,
-            start_epoch: int = 0, hooks: TrainerHooks | None = None) -> dict[str, Any]:
+    def fit(
+        self,
+        train_loader: Loader,
+        val_loader: Loader | None,
+        *,
+        epochs: int,
+        start_epoch: int = 0,
+        hooks: TrainerHooks | None = None,
+    ) -> dict[str, Any]:
         """Train `epochs` epochs (from `start_epoch`), validating after each; return the summary.
 
         The loader's epoch is set here, once per epoch; a restored mid-epoch position survives
@@ -344,36 +381,50 @@ class Trainer:
                 val = self._validate(val_loader, epoch)
             if hooks.on_epoch_end is not None:
                 hooks.on_epoch_end(self, epoch)
-        return {**self.totals.summary(), "images": self.totals.images,
-                "train_s": self.totals.wall_s, "optimizer_steps": self.optimizer_steps,
-                "skipped_steps": self.skipped_steps, **val}
+        return {
+            **self.totals.summary(),
+            "images": self.totals.images,
+            "train_s": self.totals.wall_s,
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_steps": self.skipped_steps,
+            **val,
+        }
 
     def _validate(self, val_loader: Loader, epoch: int) -> dict[str, float]:
         val = self.evaluate(val_loader)
         if self.ema is not None:
             ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device, self.dist)
-            val |= {"val_top1_ema": ema["val_top1"], "val_top5_ema": ema["val_top5"],
-                    "val_loss_ema": ema["val_loss"]}
+            val |= {
+                "val_top1_ema": ema["val_top1"],
+                "val_top5_ema": ema["val_top5"],
+                "val_loss_ema": ema["val_loss"],
+            }
         # The best epoch so far (by val top-1): the run keeps its weights as best.pt.
         self.improved = val["val_top1"] > self.best_val_top1
         if self.improved:
             self.best_val_top1 = val["val_top1"]
         self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
         if self.dist.rank == 0:  # with or without a progress bar: a batch log needs it
-            LOGGER.info(f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
-                        f"top-5 {val['val_top5']:.4f} loss {val['val_loss']:.4f} "
-                        f"({int(val['val_samples'])} images)")
+            LOGGER.info(
+                f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
+                f"top-5 {val['val_top5']:.4f} loss {val['val_loss']:.4f} "
+                f"({int(val['val_samples'])} images)"
+            )
         return val
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scaler, schedule and counters (the unwrapped model's weights)."""
         return {
-            "model": unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
-            "counters": {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
-                         "nonfinite_in_row": self._nonfinite_in_row,
-                         "best_val_top1": self.best_val_top1},
+            "counters": {
+                "optimizer_steps": self.optimizer_steps,
+                "skipped_steps": self.skipped_steps,
+                "nonfinite_in_row": self._nonfinite_in_row,
+                "best_val_top1": self.best_val_top1,
+            },
             "totals": self.totals.state_dict(),  # logged images and time, over all segments
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
@@ -383,8 +434,10 @@ class Trainer:
         unwrap(self.model).load_state_dict(state["model"])
         if self.ema is not None:
             if "ema" not in state:
-                raise StallfreeError("train.ema_decay is set but the checkpoint holds no EMA "
-                                     "weights; resume with train.ema_decay = 0, or start afresh")
+                raise StallfreeError(
+                    "train.ema_decay is set but the checkpoint holds no EMA "
+                    "weights; resume with train.ema_decay = 0, or start afresh"
+                )
             self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:
