@@ -107,6 +107,13 @@ class ModelConfig:
     # Start from these weights (a stallfree checkpoint, best.pt, or a plain state dict file):
     # fine-tuning. A classifier whose shape differs (another class count) starts afresh.
     init_from: str = ""
+    # timm models: start from timm's pretrained weights (the Hugging Face Hub, or its cache
+    # offline; name = "timm:hf-hub:ORG/REPO" for a Hub repo). init_from, when set, loads after.
+    pretrained: bool = False
+    pretrained_file: str = ""  # those weights from a local file instead (timm's cfg "file")
+    # Keyword arguments for the model factory (timm.create_model, an in-house model or a
+    # module:function), e.g. {drop_path_rate = 0.1}.
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -77,6 +77,13 @@ class RunContext:
         return class_count(self.recipe, self.dataset)
 
     @property
+    def class_names(self) -> list[str]:
+        """Each label's name, in label order: train's class folders (or the shard manifest's);
+        a label beyond them (synthetic data, a larger model.num_classes) is named by its number."""
+        known = list(self.dataset.classes) if self.dataset else []
+        return known[: self.num_classes] + [str(i) for i in range(len(known), self.num_classes)]
+
+    @property
     def train_samples(self) -> int:
         return len(self.dataset.splits["train"]) if self.dataset else self.recipe.data.synthetic_samples
 
@@ -180,11 +187,11 @@ def build_trainer(
 ) -> Trainer:
     """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer.
 
-    `resuming`: the checkpoint's weights are loaded next, so model.init_from is not read (a
-    requeued job needs the file no longer).
+    `resuming`: the checkpoint's weights are loaded next, so model.init_from and
+    model.pretrained are not read (a requeued job needs the file no longer).
     """
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
-    model = build_model(recipe.model, ctx.num_classes)
+    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not resuming)
     if recipe.model.init_from and not resuming:
         init_from(model, recipe.model.init_from)
     model = sync_batchnorm(model, recipe, dist, device)

@@ -32,7 +32,7 @@ def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any
     init_distributed(dist, device)
     loader = ctx.loader("val")
     try:
-        model = build_model(recipe.model, ctx.num_classes)
+        model = build_model(recipe.model, ctx.num_classes, load_pretrained=False)
         model.load_state_dict(state["model"])
         if recipe.train.channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -3,7 +3,8 @@
 Writes into OUT: `state_dict.pt` (the plain weights, loadable with `model.load_state_dict`),
 `model.torchscript.pt` (traced, when the model traces), `model.onnx` (when the `onnx` package
 is installed and the model exports), and `export.json` saying what was written and what the
-model expects (input size, mean and std on 0-1 pixels, number of classes, channels order).
+model expects (the val transform's resize and crop sizes, mean and std on 0-1 pixels, the
+class names in label order, channels order).
 A model that cannot be traced or exported is said so in export.json, not hidden.
 """
 
@@ -25,7 +26,7 @@ class ExportError(StallfreeError, ValueError):
     """A checkpoint that cannot be exported as asked; the message says why."""
 
 
-def _num_classes(state: dict[str, Any]) -> int:
+def checkpoint_num_classes(state: dict[str, Any]) -> int:
     """The class count the checkpoint was trained with: recorded, else its last 2-D weight's."""
     if state.get("num_classes"):
         return int(state["num_classes"])
@@ -33,6 +34,13 @@ def _num_classes(state: dict[str, Any]) -> int:
     if not weights:
         raise ExportError("the checkpoint records no class count and has no linear layer")
     return int(weights[-1].shape[0])
+
+
+def class_names(state: dict[str, Any], num_classes: int) -> list[str]:
+    """Each label's name, in label order: what the checkpoint records; a checkpoint from before
+    class names were saved (or a label beyond them) is named by its number."""
+    known = [str(name) for name in state.get("class_names") or []][:num_classes]
+    return known + [str(i) for i in range(len(known), num_classes)]
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = False) -> dict[str, Any]:
@@ -44,8 +52,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
     if "recipe" not in state:
         raise ExportError(f"{path} holds no recipe: not a stallfree checkpoint or best.pt")
     recipe = recipe_from_dict(state["recipe"])
-    classes = _num_classes(state)
-    model = build_model(recipe.model, classes)
+    classes = checkpoint_num_classes(state)
+    model = build_model(recipe.model, classes, load_pretrained=False)  # the checkpoint has them
     model.load_state_dict(state["ema"]["module"] if ema else state["model"])
     model.eval()
     out = Path(out)
@@ -57,8 +65,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
         "checkpoint": str(path),
         "model": recipe.model.name,
         "num_classes": classes,
+        "class_names": class_names(state, classes),
         "weights": "ema" if ema else "model",
         "input": [3, size, size],
+        # The val transform, for preprocessing outside stallfree: resize the shorter side to
+        # resize_size, center crop image_size, scale to 0-1, normalise with mean and std.
+        "resize_size": recipe.augment.resize_size,
+        "image_size": size,
         "mean": recipe.augment.mean,
         "std": recipe.augment.std,
         "pixels": "RGB, 0-1, NCHW",

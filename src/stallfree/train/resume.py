@@ -35,6 +35,7 @@ def training_state(
     device: torch.device,
     metrics_records: int,
     num_classes: int = 0,
+    class_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
@@ -50,12 +51,15 @@ def training_state(
         "metrics_records": metrics_records,
         "recipe": recipe.to_dict(),
         "num_classes": num_classes,  # what the model was built with (stallfree export reads it)
+        "class_names": list(class_names or []),  # label order; predict and export.json read it
         "world_size": world_size,
         "stallfree_version": __version__,
     }
 
 
-def best_state(trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int) -> dict[str, Any]:
+def best_state(
+    trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int, class_names: list[str] | None = None
+) -> dict[str, Any]:
     """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
     A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
     state = trainer.state_dict()
@@ -67,6 +71,7 @@ def best_state(trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int) -
         "val_top1": trainer.best_val_top1,
         "recipe": recipe.to_dict(),
         "num_classes": num_classes,
+        "class_names": list(class_names or []),
         "stallfree_version": __version__,
     }
 

@@ -287,6 +287,7 @@ def _run(
             device,
             trainer.sinks.records,
             ctx.num_classes,
+            ctx.class_names,
         )
         state["segments"] = clock.state_dict()
         checkpointer.save(state, trainer.optimizer_steps)
@@ -315,7 +316,7 @@ def _run(
         def on_epoch_end(t: Trainer, epoch: int) -> None:
             save()
             if t.improved:
-                checkpointer.save_best(best_state(t, recipe, epoch, ctx.num_classes))
+                checkpointer.save_best(best_state(t, recipe, epoch, ctx.num_classes, ctx.class_names))
 
         hooks = TrainerHooks(
             on_step=on_step,
