@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stallfree.data.demo import write_demo
+from stallfree.data.tools.demo import write_demo
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 # Start-up check results, packed peer shards and the like go to a cache of the test session

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
-from stallfree.data.augment import val_transform
-from stallfree.data.headers import read_bytes
-from stallfree.data.imageio import BadImageError, check_header, open_rgb
+from stallfree.data.readers.headers import read_bytes
+from stallfree.data.readers.imageio import BadImageError, check_header, open_rgb
+from stallfree.data.transforms.augment import val_transform
 from stallfree.recipe import AugmentConfig
 
 _ENCODED: list[np.ndarray] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stallfree.data import synthetic
+from stallfree.data.backends import synthetic
 from stallfree.data.loader import Loader, LoaderSpec
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from stallfree.data.backends.torch_backend import TorchLoader
 from stallfree.data.loader import Batch, Loader, LoaderSpec
-from stallfree.data.torch_backend import TorchLoader
 
 SECONDS = 0.06
 

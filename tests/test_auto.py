@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import small_recipe
 
-import stallfree.data.auto as auto
 import stallfree.data.autotune as autotune
+import stallfree.data.choose as auto
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
@@ -137,7 +137,7 @@ def test_synthetic_decode_runs_the_real_pipeline_on_copies_in_memory(image_root:
 def test_synthetic_decode_names_the_users_file(tmp_path: Path) -> None:
     from test_loaders import _bomb_jpeg, _root_with_one_bad_file
 
-    from stallfree.data.imageio import BadImageError
+    from stallfree.data.readers.imageio import BadImageError
 
     bad = _root_with_one_bad_file(tmp_path, "3.jpg", _bomb_jpeg(), "train")
     recipe = small_recipe(tmp_path, loader={"backend": "synthetic-decode"})

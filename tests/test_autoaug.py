@@ -1,6 +1,6 @@
 """augment.auto_augment: RandAugment and TrivialAugmentWide alike on both loaders.
 
-Each operation of the torch backend's suites (stallfree.data.autoaug) is checked against DALI's
+Each operation of the torch backend's suites (stallfree.data.transforms.policies) is checked against DALI's
 own (nvidia.dali.auto_aug) at fixed magnitudes and signs; the policies, which draw from
 different random streams, are checked in distribution; both loaders run them end to end.
 """
@@ -16,8 +16,8 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.autoaug import FILL, MAX_TRANSLATE, SUITES, apply_op, auto_augment
 from stallfree.data.loader import build_loader
+from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE, SUITES, apply_op, auto_augment
 from stallfree.recipe import RecipeError, apply_overrides, validate
 
 CPU = torch.device("cpu")
@@ -119,7 +119,7 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
     """The same image through each loader's policy 384 times: how far the outputs move from
     the input (mean absolute change) and their mean level follow one distribution (KS test at
     a 0.1% false-alarm rate), and each draws a fresh operation per image."""
-    from stallfree.data.dali_backend import _auto_augment
+    from stallfree.data.backends.dali_backend import _auto_augment
 
     image = _images(image_root, 1)[0]
     aug = small_recipe(image_root, augment={"auto_augment": policy}).augment

@@ -15,10 +15,17 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.bench import BenchConfig, measure_bare_loop, measure_loader, measure_train, run_bench, stream
-from stallfree.bench_report import markdown, ratios, summarise, write_report
-from stallfree.data.demo import write_demo
+from stallfree.bench.report import markdown, ratios, summarise, write_report
+from stallfree.bench.run import (
+    BenchConfig,
+    measure_bare_loop,
+    measure_loader,
+    measure_train,
+    run_bench,
+    stream,
+)
 from stallfree.data.loader import build_loader
+from stallfree.data.tools.demo import write_demo
 
 CPU = torch.device("cpu")
 
@@ -125,7 +132,7 @@ def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
 
 
 def test_the_report_names_the_augmentation_timed() -> None:
-    from stallfree.bench import augment_words
+    from stallfree.bench.run import augment_words
     from stallfree.recipe import AugmentConfig
 
     assert augment_words(AugmentConfig()) == "RandomResizedCrop + flip"
@@ -158,7 +165,7 @@ def test_warmup_and_window_share_one_iterator(image_root: Path, monkeypatch: pyt
 
 def test_measurements_on_tiny_data(image_root: Path) -> None:
     recipe = small_recipe(image_root)
-    recipe.loader.backend = "stallfree.data.naive:build"
+    recipe.loader.backend = "stallfree.data.backends.naive:build"
     loader = measure_loader(recipe, warmup=1, batches=3)
     assert loader["images_per_s"] > 0 and loader["peak_pss_mb"] > 10
     trained = measure_train(small_recipe(image_root, loader={"backend": "synthetic"}), warmup=1, steps=3)
@@ -200,7 +207,7 @@ def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
 
 @pytest.mark.parametrize("peer", ["peer-pil", "peer-webdataset"])
 def test_peers_load_the_same_files_as_ours(image_root: Path, peer: str) -> None:
-    from stallfree.data.registry import PEERS
+    from stallfree.bench.variants import PEERS
 
     recipe = small_recipe(image_root, loader={"backend": PEERS[peer][0], "torch": {"workers": 1}})
     loader = build_loader(recipe, "train", device=CPU)
@@ -223,7 +230,7 @@ def test_bench_config_rejects_unknown_names() -> None:
 def test_naive_loader_matches_torch_labels_and_dtype(image_root: Path) -> None:
     recipe = small_recipe(image_root)
     tuned = build_loader(recipe, "val", device=CPU)
-    recipe.loader.backend = "stallfree.data.naive:build"
+    recipe.loader.backend = "stallfree.data.backends.naive:build"
     naive = build_loader(recipe, "val", device=CPU)
     for a, b in zip(naive, tuned):
         assert a.images.dtype == torch.float32 and a.images.shape == b.images.shape
@@ -253,7 +260,7 @@ def test_profile_writes_a_trace(image_root: Path, tmp_path: Path) -> None:
 
 
 def test_dali_sweeps_threads_and_hardware_decoder_load() -> None:
-    from stallfree.bench import _variants
+    from stallfree.bench.run import _variants
 
     config = BenchConfig(threads=[2, 4], hw_decoder_loads=[0.12, 0.65])
     variants = dict(_variants("dali-cpudecode", config))
@@ -313,8 +320,9 @@ def test_bench_names_come_from_the_registry_and_select_by_the_recipe(
 ) -> None:
     """Every registered backend is a bench row under its own name, each row is the recipe
     override `train` would take, and the CLI's help lists these names."""
+    from stallfree.bench.variants import BENCH_VARIANTS, PEERS
     from stallfree.cli import main
-    from stallfree.data.registry import BACKENDS, BENCH_VARIANTS, PEERS
+    from stallfree.data.registry import BACKENDS
     from stallfree.recipe import Recipe, apply_overrides
 
     assert set(BACKENDS) | set(PEERS) <= set(BENCH_VARIANTS)

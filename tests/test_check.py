@@ -13,9 +13,9 @@ from helpers import small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.check import check_dataset
-from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.imageio import BadImageError
+from stallfree.data.tools.check import check_dataset
 
 
 def _jpeg(size: tuple[int, int] = (40, 30)) -> bytes:
@@ -66,7 +66,7 @@ def _write(root: Path) -> dict[str, str]:
 def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(tmp_path: Path) -> None:
     expected = _write(tmp_path)
     report = check_dataset(tmp_path, workers=2, progress=False)
-    from stallfree.data.check import kind_of
+    from stallfree.data.tools.check import kind_of
 
     found = {str(p.relative_to(tmp_path)): kind_of(reason) for p, reason in report.bad}
     assert found == {name: kind for name, kind in expected.items() if kind}
@@ -160,7 +160,7 @@ def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
 def test_skip_on_dali_reads_a_checked_list_and_caches_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stallfree.data.startup as startup
+    import stallfree.data.readers.startup_check as startup
 
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
     _root_with_bad_train_files(tmp_path / "data")
@@ -195,7 +195,7 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
             (root / split / "a" / f"{k}.jpg").write_bytes(_jpeg())
     out = tmp_path / "shards"
     script = (
-        "import os, signal\nimport stallfree.data.pack as p\nwrite = p.pack_split\n"
+        "import os, signal\nimport stallfree.data.tools.pack as p\nwrite = p.pack_split\n"
         "def killed(*args, **kwargs):\n    write(*args, **kwargs)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "p.pack_split = killed\n"

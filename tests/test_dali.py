@@ -168,7 +168,7 @@ def test_gpu_mixed_decoder_matches_cpu_val(image_root: Path) -> None:
 def test_one_pipeline_serves_the_whole_run(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Epochs reset the pipeline instead of rebuilding it (a rebuild cost ~0.5 s an epoch),
     and each epoch still follows its own order."""
-    import stallfree.data.dali_backend as dali_backend
+    import stallfree.data.backends.dali_backend as dali_backend
 
     builds = []
     original = dali_backend.image_pipeline

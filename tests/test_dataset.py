@@ -10,8 +10,8 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.dataset import DatasetError, list_split, resolve_dataset
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.folders import DatasetError, list_split, resolve_dataset
 from stallfree.recipe import DataConfig
 
 

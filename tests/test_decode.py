@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps, features
 
-from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import (
+from stallfree.data.readers.imageio import (
     ACCEPTED_FORMATS,
     DEFAULT_MAX_PIXELS,
     IMAGE_EXTENSIONS,
@@ -25,6 +24,7 @@ from stallfree.data.imageio import (
     check_header,
     open_rgb,
 )
+from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.recipe import AugmentConfig
 
 AUG = AugmentConfig(image_size=48, resize_size=56)

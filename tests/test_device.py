@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import small_recipe
 
-from stallfree.data.prefetch import DevicePrefetcher
+from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.errors import DeviceError
 from stallfree.metrics import GpuMonitor
 from stallfree.parallel import DistInfo
@@ -131,8 +131,8 @@ def test_worker_normalisation_equals_the_device_one(
     layout as the GPU path's batch normalisation."""
     import numpy as np
 
-    import stallfree.data.prefetch as prefetch
-    from stallfree.data.prefetch import Normaliser, NormalisingCollate, collate_uint8
+    import stallfree.data.backends.prefetch as prefetch
+    from stallfree.data.backends.prefetch import Normaliser, NormalisingCollate, collate_uint8
 
     monkeypatch.setattr(prefetch, "get_worker_info", lambda: object() if in_worker else None)
     rng = np.random.default_rng(0)

@@ -89,8 +89,8 @@ def test_a_library_dali_cannot_load_is_not_blamed_on_an_image(
 ) -> None:
     """What DALI says when nvImageCodec is missing from its tree: every pipeline fails to build.
     The first, perfectly good JPEG was named as a bad file before."""
-    import stallfree.data.dali_probe as probe
-    from stallfree.data.dali_probe import DaliEnvironmentError, first_undecodable
+    import stallfree.data.backends.dali_probe as probe
+    from stallfree.data.backends.dali_probe import DaliEnvironmentError, first_undecodable
 
     message = (
         "Critical error when building pipeline:\nError in CPU operator "
@@ -110,7 +110,7 @@ def test_a_library_dali_cannot_load_is_not_blamed_on_an_image(
 
 
 def test_a_bench_run_that_warned_is_shown_even_when_it_finished(tmp_path: Path) -> None:
-    from stallfree.bench_report import markdown, summarise
+    from stallfree.bench.report import markdown, summarise
 
     record = {
         "backend": "dali",

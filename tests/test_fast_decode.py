@@ -14,9 +14,9 @@ import pytest
 from helpers import exif_block, jpeg_with_segments
 from PIL import Image
 
-import stallfree.data.decode as decode
-from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import BadImageError
+import stallfree.data.transforms.decode as decode
+from stallfree.data.readers.imageio import BadImageError
+from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.recipe import AugmentConfig
 
 pytest.importorskip("simplejpeg")

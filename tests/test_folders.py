@@ -15,10 +15,10 @@ from helpers import small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.check import check_dataset
-from stallfree.data.dataset import DatasetError, list_split, resolve_dataset
-from stallfree.data.imageio import IMAGE_EXTENSIONS, BadImageError
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.folders import DatasetError, list_split, resolve_dataset
+from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, BadImageError
+from stallfree.data.tools.check import check_dataset
 from stallfree.recipe import DataConfig
 
 CPU = torch.device("cpu")

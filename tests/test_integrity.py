@@ -15,9 +15,9 @@ from helpers import exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.dataset import resolve_dataset
-from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import DataConfig, dump_toml
 from stallfree.train.run import train
 
@@ -43,7 +43,7 @@ def _truncate(path: Path) -> None:
 
 
 def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
-    from stallfree.data.demo import write_demo
+    from stallfree.data.tools.demo import write_demo
 
     root = write_demo(tmp_path / "data", train_per_class=2, val_per_class=3, seed=1, progress=False)
     victim = sorted((root / "val").rglob("*.jpg"))[4]
@@ -162,7 +162,7 @@ def test_bench_checks_its_out_folder_first(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
-    from stallfree.bench_usage import _tree_pss_mb
+    from stallfree.bench.usage import _tree_pss_mb
 
     rss = (
         int(
@@ -185,8 +185,8 @@ def test_corrupt_entropy_data_data_check_is_the_arbiter(
     """2,000 bytes flipped mid-file: PIL (torch, data check) refuses the file, DALI's decoder
     decodes it into partly garbled pixels. The documented rule: `data check` decides, and its
     clean list makes both loaders train on the same files."""
-    from stallfree.data.dali_backend import first_undecodable
-    from stallfree.data.imageio import open_rgb
+    from stallfree.data.backends.dali_backend import first_undecodable
+    from stallfree.data.readers.imageio import open_rgb
 
     root = _root(tmp_path / "data")
     victim = root / "train" / "a" / "2.jpg"
@@ -235,7 +235,7 @@ _BREAKERS = {
 def test_files_dali_cannot_decode_are_refused_by_the_header_check(
     tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stallfree.data.imageio import check_header
+    from stallfree.data.readers.imageio import check_header
 
     root = _root(tmp_path / "data")
     victim = _dali_breaker(kind, root / "train" / "a" / "odd")
@@ -256,7 +256,7 @@ _LOAD_BOTH_POLICIES = """
 import sys, warnings, torch
 from stallfree.recipe import load_recipe, recipe_from_dict
 from stallfree.data.loader import build_loader
-from stallfree.data.imageio import BadImageError
+from stallfree.data.readers.imageio import BadImageError
 for policy in ("raise", "skip"):
     recipe = load_recipe(sys.argv[1] if policy == "raise" else sys.argv[2])
     for split in ("train", "val"):

@@ -11,11 +11,11 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.imageio import BadImageError
+from stallfree.data.backends.torch_backend import TorchLoader
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.registry import BACKENDS, BackendError, backend_options, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
-from stallfree.data.torch_backend import TorchLoader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import RecipeError, apply_overrides
 from stallfree.train.build import prepare_recipe
@@ -150,7 +150,7 @@ def test_unknown_backend_lists_the_choices() -> None:
 
 
 def test_plugin_backend_by_module_path(image_root: Path) -> None:
-    recipe = small_recipe(image_root, loader={"backend": "stallfree.data.synthetic:build"})
+    recipe = small_recipe(image_root, loader={"backend": "stallfree.data.backends.synthetic:build"})
     loader = build_loader(recipe, "train", device=CPU)
     assert len(loader) == 60 // 8
 

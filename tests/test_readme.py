@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from stallfree.cli import build_parser, resolve_recipe
-from stallfree.data.demo import CLASSES, write_demo
+from stallfree.data.tools.demo import CLASSES, write_demo
 from stallfree.train.build import steps_per_epoch
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.data.dataset import DatasetError, resolve_dataset
+from stallfree.data.readers.folders import DatasetError, resolve_dataset
 from stallfree.recipe import (
     DataConfig,
     Recipe,

@@ -14,7 +14,7 @@ import pytest
 from helpers import small_recipe, train_until_logged
 
 from stallfree.cli import main
-from stallfree.data.demo import write_demo
+from stallfree.data.tools.demo import write_demo
 from stallfree.recipe import dump_toml, load_recipe
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train

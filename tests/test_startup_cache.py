@@ -15,8 +15,8 @@ from helpers import small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.imageio import BadImageError
 from stallfree.data.loader import build_loader
+from stallfree.data.readers.imageio import BadImageError
 
 CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
@@ -184,7 +184,7 @@ def test_a_cache_or_list_from_older_header_rules_does_not_vouch(
     """A new rule (here: refuse this one file) must be applied to a dataset whose start-up
     cache and `data check` list were written under the previous rules of the same release:
     the cache key and the list's header carry the rules' number, not only the version."""
-    import stallfree.data.imageio as imageio
+    import stallfree.data.readers.imageio as imageio
 
     root = _root(tmp_path / "data")
     clean = tmp_path / "clean.txt"

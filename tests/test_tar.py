@@ -14,8 +14,8 @@ from helpers import small_recipe
 
 from stallfree.cli import main
 from stallfree.data.loader import build_loader
-from stallfree.data.pack import write_index
-from stallfree.data.tarshards import read_index
+from stallfree.data.readers.tarshards import read_index
+from stallfree.data.tools.pack import write_index
 from stallfree.parallel import DistInfo
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train

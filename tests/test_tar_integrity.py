@@ -16,9 +16,9 @@ import torch
 from helpers import small_recipe
 
 from stallfree.cli import main
-from stallfree.data.dataset import resolve_dataset
 from stallfree.data.loader import build_loader
-from stallfree.data.tarshards import ShardError
+from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.tarshards import ShardError
 from stallfree.recipe import DataConfig
 
 CPU = torch.device("cpu")
@@ -167,7 +167,7 @@ def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path, capsys: pytest
     # Killed mid-pack: nothing at OUT, and no half-written folder left behind.
     out = tmp_path / "killed"
     code = (
-        "import sys, stallfree.data.pack as p\n"
+        "import sys, stallfree.data.tools.pack as p\n"
         "real = p.pack_split\n"
         "def boom(samples, out, split, *a, **k):\n"
         "    if split == 'val': raise KeyboardInterrupt\n"
@@ -216,7 +216,7 @@ def test_other_peoples_webdataset_shards_train_with_their_cls_labels(
     assert got == dataset.splits["val"].labels.tolist()  # every val sample once, in order
     assert sorted(got) == sorted(written["val"])
     # A second start reads the cached index and labels, not the shards' headers.
-    import stallfree.data.foreign as foreign
+    import stallfree.data.readers.webdataset as foreign
 
     monkeypatch.setattr(foreign, "_group", None)
     again = resolve_dataset(DataConfig(root=str(tmp_path / "wds"), format="tar"))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree import __version__
-from stallfree.data.registry import AUTO, BACKENDS, BENCH_VARIANTS
+from stallfree.bench.variants import BENCH_VARIANTS
+from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import (
@@ -284,7 +285,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "check":
         return _data_check(args)
     if args.data_command == "pack":
-        from stallfree.data.pack import pack_dataset, parse_size
+        from stallfree.data.tools.pack import pack_dataset, parse_size
 
         try:
             shard_bytes = parse_size(args.shard_size)
@@ -301,7 +302,7 @@ def cmd_data(args: argparse.Namespace) -> int:
             print(f"{split}: {info['samples']} samples in {len(info['shards'])} shard(s)")
         print(f'wrote {args.out}; train from it with --set data.root="{args.out}" --set data.format=tar')
         return 0
-    from stallfree.data.demo import write_demo
+    from stallfree.data.tools.demo import write_demo
 
     out = write_demo(
         args.out,
@@ -316,7 +317,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def _data_check(args: argparse.Namespace) -> int:
-    from stallfree.data.check import check_dataset, summary
+    from stallfree.data.tools.check import check_dataset, summary
 
     report = check_dataset(
         args.root,
@@ -337,8 +338,8 @@ def _data_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from stallfree.bench import BenchConfig, run_bench
-    from stallfree.bench_report import write_report
+    from stallfree.bench.report import write_report
+    from stallfree.bench.run import BenchConfig, run_bench
     from stallfree.train.rundir import RunDir
 
     recipe = load_recipe(args.recipe)

@@ -226,7 +226,7 @@ def _mixed_decode(torch: Any, dali: Any) -> list[Check]:
                 "run `stallfree doctor` on the GPU machine",
             )
         ]
-    from stallfree.data.dali_probe import probe_gpu_decode
+    from stallfree.data.backends.dali_probe import probe_gpu_decode
 
     ok, detail = probe_gpu_decode()
     return [
@@ -280,7 +280,7 @@ def _cores(torch: Any) -> list[Check]:
 
 
 def _cache() -> list[Check]:
-    from stallfree.data.startup import cache_dir
+    from stallfree.data.readers.startup_check import cache_dir
 
     path = cache_dir()
     try:

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from stallfree.data.autotune import autotuned, tuned_count
-from stallfree.data.dataset import Dataset, class_count, resolve_dataset
-from stallfree.data.imageio import BadImageError
-from stallfree.data.listing import Listing
+from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
+from stallfree.data.readers.imageio import BadImageError
+from stallfree.data.readers.listing import Listing
+from stallfree.data.readers.startup_check import bad_headers_at_start
 from stallfree.data.registry import AUTO, BackendError, backend_options, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
-from stallfree.data.startup import bad_headers_at_start
 from stallfree.parallel import DistInfo
 from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe, apply_overrides
 
@@ -219,7 +219,7 @@ def build_loader(
         dataset = resolve_dataset(recipe.data)
     spec = _spec(recipe, split, device, dist, dataset)
     if backend == AUTO:  # a library caller without prepare_recipe: resolved the same way
-        from stallfree.data.auto import choose_backend
+        from stallfree.data.choose import choose_backend
 
         backend, sets, _ = choose_backend(device, dist.local_world_size)
         return build_loader(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,42 +35,17 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "torch": Backend("stallfree.data.torch_backend:build", table="torch", tuned="workers"),
-    "synthetic": Backend("stallfree.data.synthetic:build"),
-    "dali": Backend("stallfree.data.dali_backend:build", table="dali", tuned="threads"),
+    "torch": Backend("stallfree.data.backends.torch_backend:build", table="torch", tuned="workers"),
+    "synthetic": Backend("stallfree.data.backends.synthetic:build"),
+    "dali": Backend("stallfree.data.backends.dali_backend:build", table="dali", tuned="threads"),
     # Its own key is loader.synthetic_decode; the pipeline it wraps reads that one's table.
-    "synthetic-decode": Backend("stallfree.data.synthetic_decode:build"),
+    "synthetic-decode": Backend("stallfree.data.backends.synthetic_decode:build"),
 }
 # A `module:function` plug-in's keys: checked against the dataclass its builder declares as
 # `build.options = MyOptions` (every field with a default), like the built-in tables.
 PLUGIN_TABLE = "plugin"
-# Resolved before any backend is built (stallfree.data.auto), so not a builder of its own.
+# Resolved before any backend is built (stallfree.data.choose), so not a builder of its own.
 AUTO = "auto"
-
-# The loaders people pick instead (stallfree.bench_peers), by name -> (builder, module needed).
-PEERS: dict[str, tuple[str, str]] = {
-    "peer-pil": ("stallfree.bench_peers:pil_plain", "PIL"),
-    "peer-webdataset": ("stallfree.bench_peers:webdataset_peer", "webdataset"),
-    "peer-torchvision": ("stallfree.bench_peers:torchvision_peer", "torchvision"),
-}
-
-# What `stallfree bench --backends` can run: name -> the recipe overrides that select it, the
-# same `loader.backend` override `train` takes (one channel, so a bench row is a train run's
-# loader). Every registered backend under its own name, and some settings worth a row:
-# torch-naive (the textbook DataLoader), torch-uint8 (a GPU run's worker output, on a CPU),
-# dali-cpudecode (NVIDIA's "dali-cpu" mode: decode on the CPU, augment on the GPU).
-BENCH_VARIANTS: dict[str, tuple[str, ...]] = {
-    **{name: (f'loader.backend="{name}"',) for name in BACKENDS},
-    "dali-cpudecode": ('loader.backend="dali"', 'loader.dali.decode="cpu"'),
-    "torch-naive": ('loader.backend="stallfree.data.naive:build"',),
-    "torch-uint8": ('loader.backend="stallfree.data.torch_backend:build_uint8"',),
-    **{name: (f'loader.backend="{target}"',) for name, (target, _) in PEERS.items()},
-}
-
-
-def installed_peers() -> list[str]:
-    """The peers whose library is importable here."""
-    return [name for name, (_, module) in PEERS.items() if importlib.util.find_spec(module)]
 
 
 def resolve_backend(name: str) -> Callable[..., Any]:

@@ -15,9 +15,9 @@ from torch import nn
 
 from stallfree import __version__
 from stallfree.data import autotune
-from stallfree.data.auto import choose_backend
-from stallfree.data.dataset import Dataset, class_count, resolve_dataset
+from stallfree.data.choose import choose_backend
 from stallfree.data.loader import Loader, build_loader, measure_auto_count
+from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
 from stallfree.data.registry import backend_options
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet

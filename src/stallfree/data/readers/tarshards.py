@@ -24,9 +24,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import SPLITS, Dataset, DatasetError, ListingBuilder
-from stallfree.data.startup import cached_check, stat_key
+from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
+from stallfree.data.readers.startup_check import cached_check, stat_key
 
 # The format `stallfree data pack` writes and this module reads.
 MANIFEST = "manifest.json"

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.data.headers import read_bytes
-from stallfree.data.imageio import BadImageError, bad_headers, rules_id
-from stallfree.data.listing import Listing, ListingBuilder
 from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.readers.headers import read_bytes
+from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
+from stallfree.data.readers.listing import Listing, ListingBuilder
 from stallfree.data.registry import BackendError, backend_options, resolve_backend
 
 _FILES = 256
@@ -61,7 +61,7 @@ class SyntheticDecodeLoader(Loader):
             raise BackendError("synthetic-decode needs data.root: it decodes some of its files")
         backend, loader = spec.loader.synthetic_decode, spec.loader
         if backend == "auto":  # as --loader auto would pick (a run resolves it in its recipe)
-            from stallfree.data.auto import choose_backend
+            from stallfree.data.choose import choose_backend
             from stallfree.recipe import Recipe, apply_overrides
 
             backend, sets, _ = choose_backend(spec.device, spec.dist.local_world_size)

@@ -22,10 +22,10 @@ import tarfile
 import warnings
 from pathlib import Path
 
-from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import SPLITS, Dataset, DatasetError, ListingBuilder
-from stallfree.data.startup import cache_dir, stat_key, write_cache_file
-from stallfree.data.tarshards import Entry, ShardError
+from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
+from stallfree.data.readers.startup_check import cache_dir, stat_key, write_cache_file
+from stallfree.data.readers.tarshards import Entry, ShardError
 from stallfree.errors import some_of
 
 # webdataset.tariterators (1.0), copied so the grouping is exactly its own: a member's key is
@@ -127,7 +127,7 @@ def _group(shard: Path) -> list[tuple[str, dict[str, tarfile.TarInfo]]]:
                     raise ShardError(
                         f"{shard}::{name}: ends past the end of the shard (truncated); copy it again"
                     )
-                if "::" in name:  # the separator of a member reference (data/headers.py)
+                if "::" in name:  # the separator of a member reference (data/readers/headers.py)
                     raise ShardError(
                         f"{shard}::{name}: a member name with '::' cannot be read in place; rename the member"
                     )

@@ -16,13 +16,13 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from stallfree.data.augment import train_transform, val_transform
-from stallfree.data.imageio import BadImageError
-from stallfree.data.listing import Listing
+from stallfree.data.backends.prefetch import DevicePrefetcher, NormalisingCollate, collate_uint8
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
-from stallfree.data.prefetch import DevicePrefetcher, NormalisingCollate, collate_uint8
+from stallfree.data.readers.imageio import BadImageError
+from stallfree.data.readers.listing import Listing
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
+from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
@@ -42,7 +42,7 @@ class ImageDataset(Dataset):
     this object: the size travels with each key)."""
 
     def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig, max_pixels: int) -> None:
-        # The listing is three objects (data/listing.py): forked workers share it, page for page.
+        # The listing is three objects (data/readers/listing.py): forked workers share it, page for page.
         self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
         self._at_size: dict[int, AugmentConfig] = {}
 

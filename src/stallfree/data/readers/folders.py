@@ -2,7 +2,7 @@
 define the labels of every split.
 
 Every backend, the bench and the trainer take this one `Dataset`; nobody lists folders again.
-Listing is `os.scandir` (no `stat()` per file) into a `Listing` of bytes (see data/listing.py),
+Listing is `os.scandir` (no `stat()` per file) into a `Listing` of bytes (see data/readers/listing.py),
 so ImageNet-sized folders list in seconds and cost bytes, not Python objects, per sample.
 """
 
@@ -13,8 +13,8 @@ import re
 import warnings
 from pathlib import Path
 
-from stallfree.data.imageio import IMAGE_EXTENSIONS
-from stallfree.data.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
+from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
 from stallfree.errors import some_of
 from stallfree.recipe import DataConfig, Recipe
 
@@ -40,13 +40,13 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     no val folder or no val images is a warning (its accuracy simply goes unmeasured).
     """
     if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
-        from stallfree.data.tarshards import MANIFEST, resolve_shards
+        from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
 
         if not Path(data.root).is_dir():
             raise DatasetError(f"data.root {data.root} does not exist")
         if (Path(data.root) / MANIFEST).is_file():
             return resolve_shards(data.root)
-        from stallfree.data.foreign import resolve_foreign
+        from stallfree.data.readers.webdataset import resolve_foreign
 
         return resolve_foreign(Path(data.root))
     root = _check_root(data.root)

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from stallfree import __version__
-from stallfree.data.headers import (
+from stallfree.data.readers.headers import (
     MEMBER,
     jpeg2000_truncated,
     jpeg_marker_problem,

@@ -47,7 +47,7 @@ def _dali_problem() -> str | None:
 @lru_cache(maxsize=4)
 def _gpu_decode_problem(device_index: int) -> str | None:
     """Why nvJPEG decode does not run on this GPU, or None when a one-image probe did."""
-    from stallfree.data.dali_probe import probe_gpu_decode
+    from stallfree.data.backends.dali_probe import probe_gpu_decode
 
     with torch.cuda.device(device_index):
         ok, said = probe_gpu_decode()

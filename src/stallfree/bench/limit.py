@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.dataset import resolve_dataset
+from stallfree.data.readers.folders import resolve_dataset
 from stallfree.parallel import cpu_cores
 from stallfree.recipe import Recipe, recipe_from_dict
 
@@ -33,8 +33,8 @@ Transform = Callable[[str, int], Any]
 
 def _paths(recipe: Recipe) -> dict[str, Transform]:
     """The in-process decode + crop + resize paths available here."""
-    import stallfree.data.decode as decode
-    from stallfree.data.augment import train_transform
+    import stallfree.data.transforms.decode as decode
+    from stallfree.data.transforms.augment import train_transform
 
     aug = recipe.augment.at_size(recipe.augment.size_at(0))  # the bench times one size
 

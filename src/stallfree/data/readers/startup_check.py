@@ -29,8 +29,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stallfree import __version__
-from stallfree.data.imageio import BadImageError, bad_headers, open_rgb, rules_id
-from stallfree.data.listing import Listing
+from stallfree.data.readers.imageio import BadImageError, bad_headers, open_rgb, rules_id
+from stallfree.data.readers.listing import Listing
 from stallfree.parallel import DistInfo
 
 

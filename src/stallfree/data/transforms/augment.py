@@ -1,7 +1,7 @@
-"""The augmentation spec, implemented for the torch backend (decode and resize: `data/decode.py`).
+"""The augmentation spec, implemented for the torch backend (decode and resize: `data/transforms/decode.py`).
 
 Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, optional RandAugment or
-TrivialAugmentWide (`data/autoaug.py`), optional random erasing (filled with the mean colour),
+TrivialAugmentWide (`data/transforms/policies.py`), optional random erasing (filled with the mean colour),
 (normalise on device).
 Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
 Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
@@ -10,7 +10,7 @@ conventions (long side rounded, crop offset rounded half up) follow DALI's, so t
 backends agree to a fraction of a grey level rather than differ by a one-pixel shift.
 
 Which files are accepted and how they become RGB (16-bit and alpha handling, EXIF orientation,
-the max_pixels guard) live in `stallfree.data.imageio`, shared with the DALI backend's checks.
+the max_pixels guard) live in `stallfree.data.readers.imageio`, shared with the DALI backend's checks.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import random
 
 import numpy as np
 
-from stallfree.data.autoaug import auto_augment
-from stallfree.data.decode import decode_resized, jpeg_reduction, open_image
-from stallfree.data.imageio import DEFAULT_MAX_PIXELS, open_rgb
+from stallfree.data.readers.imageio import DEFAULT_MAX_PIXELS, open_rgb
+from stallfree.data.transforms.decode import decode_resized, jpeg_reduction, open_image
+from stallfree.data.transforms.policies import auto_augment
 from stallfree.recipe import AugmentConfig
 
 __all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform", "val_transform"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
-from stallfree.data.headers import read_bytes
+from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
 
 # What a missing library or a pipeline that cannot be built says: the environment's fault,

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stallfree.data.dataset import resolve_dataset
-from stallfree.data.listing import SPLITS
-from stallfree.data.tarshards import FORMAT, MANIFEST, index_text
+from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.listing import SPLITS
+from stallfree.data.readers.tarshards import FORMAT, MANIFEST, index_text
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 

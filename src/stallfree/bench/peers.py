@@ -4,7 +4,7 @@ Each peer does the same work as the `torch` backend's train split (RandomResized
 recipe's scale and ratio to image_size, horizontal flip, normalise, batches of
 train.batch_size) with the same number of worker processes, the way its own documentation
 writes it: no stallfree code in the per-sample path. They are loader backends by
-`module:function` (named in `stallfree.data.registry.PEERS`), so the bench measures them exactly
+`module:function` (named in `stallfree.bench.variants.PEERS`), so the bench measures them exactly
 as it measures ours.
 
 - `peer-pil`: a plain DataLoader over the files, PIL with `draft()`, ToTensor + Normalize in
@@ -30,12 +30,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from stallfree.data.augment import random_resized_crop_box
-from stallfree.data.listing import Listing
+from stallfree.data.backends.torch_backend import shutdown_workers
 from stallfree.data.loader import Batch, Loader, LoaderSpec
+from stallfree.data.readers.listing import Listing
+from stallfree.data.readers.startup_check import cache_dir
 from stallfree.data.registry import BackendError
-from stallfree.data.startup import cache_dir
-from stallfree.data.torch_backend import shutdown_workers
+from stallfree.data.transforms.augment import random_resized_crop_box
 from stallfree.parallel import cpu_workers
 from stallfree.recipe import AugmentConfig
 
@@ -192,7 +192,7 @@ def webdataset_peer(spec: LoaderSpec) -> Loader:
 
 def _shards_of(listing: Listing) -> list[str]:
     """The split packed as WebDataset shards (8 MB, shuffled) in the cache; packed once."""
-    from stallfree.data.pack import pack_split
+    from stallfree.data.tools.pack import pack_split
 
     folder = cache_dir() / "peers" / f"wds-{listing.digest()[:16]}"
     done = folder / "DONE"

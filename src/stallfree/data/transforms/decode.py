@@ -9,7 +9,7 @@ Resize: torch's uint8 antialiased bilinear kernel (a port of Pillow-SIMD's), 2x 
 on one core, on a channels-last view of the decoded array with no copy.
 
 Which files are accepted and how they become RGB (16-bit, alpha, EXIF orientation, the pixel
-limit) stays in `stallfree.data.imageio`; this module only decides how the pixels are produced.
+limit) stays in `stallfree.data.readers.imageio`; this module only decides how the pixels are produced.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from stallfree.data.headers import jpeg_exif_orientation, jpeg_header_walk, read_bytes
-from stallfree.data.imageio import decode_rgb, open_lazy
+from stallfree.data.readers.headers import jpeg_exif_orientation, jpeg_header_walk, read_bytes
+from stallfree.data.readers.imageio import decode_rgb, open_lazy
 
 try:
     import simplejpeg

@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 from torch.utils.data._utils.collate import default_collate
 
-from stallfree.data.augment import random_resized_crop_box, val_transform
-from stallfree.data.imageio import open_rgb
+from stallfree.data.backends.torch_backend import TorchLoader
 from stallfree.data.loader import Batch, Loader, LoaderSpec
-from stallfree.data.torch_backend import TorchLoader
+from stallfree.data.readers.imageio import open_rgb
+from stallfree.data.transforms.augment import random_resized_crop_box, val_transform
 from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig
 
 
@@ -51,7 +51,7 @@ def naive_val(
 
 
 def build(spec: LoaderSpec) -> Loader:
-    """Entry point, used as the plug-in `stallfree.data.naive:build`."""
+    """Entry point, used as the plug-in `stallfree.data.backends.naive:build`."""
 
     def to_device(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
         for images, labels in batches:  # float batches copied as they are

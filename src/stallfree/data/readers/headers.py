@@ -11,7 +11,7 @@ from typing import BinaryIO
 # How an EXIF block (APP1 segment) starts, in a JPEG.
 EXIF_HEADER = b"Exif\x00\x00"
 
-# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/tarshards.py).
+# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/readers/tarshards.py).
 MEMBER = "::"
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from stallfree.bench_limit import dali_single_thread, measure_limit, median_limit
-from stallfree.bench_usage import ResourceSampler
+from stallfree.bench.limit import dali_single_thread, measure_limit, median_limit
+from stallfree.bench.usage import ResourceSampler
+from stallfree.bench.variants import BENCH_VARIANTS, installed_peers
 from stallfree.data.loader import Batch, Loader
-from stallfree.data.registry import BENCH_VARIANTS, installed_peers
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import AugmentConfig, Recipe, apply_overrides, recipe_from_dict
@@ -197,7 +197,7 @@ def run_isolated(
     still have said something that matters, e.g. DALI falling back to a CPU decode.
     """
     request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup, "batches": batches})
-    code = "from stallfree.bench import _child_main; _child_main()"
+    code = "from stallfree.bench.run import _child_main; _child_main()"
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=timeout_s

@@ -18,12 +18,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallfree.data.dataset import class_files
-from stallfree.data.foreign import is_shard_folder
-from stallfree.data.imageio import IMAGE_EXTENSIONS, rules_id
-from stallfree.data.listing import SPLITS, Dataset, DatasetError
-from stallfree.data.pack import file_sha256
-from stallfree.data.startup import decode_all
+from stallfree.data.readers.folders import class_files
+from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError
+from stallfree.data.readers.startup_check import decode_all
+from stallfree.data.readers.webdataset import is_shard_folder
+from stallfree.data.tools.pack import file_sha256
 from stallfree.parallel import cpu_cores
 from stallfree.recipe import DEFAULT_MAX_PIXELS, DataConfig
 
@@ -80,7 +80,7 @@ class CheckReport:
         """One good file per line, relative to the root: the format `data.file_list` reads."""
         lines = sorted(str(p.relative_to(self.root)) for p in self.good)
         # The first line says under which rules and limit every file was decoded: a run with
-        # the same ones needs no header check at start (data/dataset.py reads it back).
+        # the same ones needs no header check at start (data/readers/folders.py reads it back).
         # The root resolved: the list vouches for that folder's files, not a copy's.
         head = (
             f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
@@ -96,7 +96,7 @@ def _class_of(path: Path, root: Path) -> str:
 
 def _files(root: Path) -> list[Path]:
     """Every file under ROOT/{train,val}/<class>/, sub-folders included, as the loaders list
-    them (data/dataset.py: `class_files`; hidden ones aside, dangling links named)."""
+    them (data/readers/folders.py: `class_files`; hidden ones aside, dangling links named)."""
     found: list[Path] = []
     for split in SPLITS:
         split_dir = root / split
@@ -146,7 +146,7 @@ def check_dataset(
 
 def _name_interrupted_pack(root: Path) -> None:
     """A `data pack` into ROOT killed midway left its staging folder beside it: say so."""
-    from stallfree.data.pack import staging_leftovers
+    from stallfree.data.tools.pack import staging_leftovers
 
     left = staging_leftovers(root)
     if left and not root.exists():
@@ -201,7 +201,7 @@ def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
 
 def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
     """Check the shards at ROOT whole; every problem names the shard (and member)."""
-    from stallfree.data.dataset import resolve_dataset  # ours or other people's shards
+    from stallfree.data.readers.folders import resolve_dataset  # ours or other people's shards
 
     report = CheckReport(root=root, max_pixels=max_pixels)
     started = time.perf_counter()
