@@ -16,7 +16,7 @@ import stallfree.data.choose as auto
 from stallfree.data.loader import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
-from stallfree.train.build import prepare_recipe
+from stallfree.train.build import prepare, prepare_recipe
 from stallfree.train.run import train
 
 CPU = torch.device("cpu")
@@ -70,7 +70,6 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(
 def test_auto_counts_are_measured_and_kept(
     image_root: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(autotune, "_chosen", {})
     table = "workers" if backend == "torch" else "threads"
     recipe = small_recipe(image_root, loader={"backend": backend, backend: {table: "auto"}})
     loader = build_loader(recipe, "train", device=CPU)
@@ -81,17 +80,17 @@ def test_auto_counts_are_measured_and_kept(
     assert str(figures["chosen"]) == max(figures["images_per_s"], key=figures["images_per_s"].get)
     assert len(list(loader)) == len(loader)
     loader.close()
-    # The val loader of the same run reuses the choice instead of measuring again.
+    # A run measures once, at its start; its loaders, val too, are built with that count.
+    ctx = prepare(recipe).with_loader_counts()
+    assert ctx.autotune is not None and ctx.autotune["key"] == f"loader.{backend}.{table}"
     monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured twice"))
-    val = build_loader(recipe, "val", device=CPU)
-    assert val.autotune == figures
-    val.close()
+    for split in ("train", "val"):
+        ctx.loader(split).close()
 
 
 def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(autotune, "_chosen", {})
     recipe = small_recipe(
         image_root, train={"batch_size": 16, "ckpt_every_steps": 1}, loader={"torch": {"workers": "auto"}}
     )
@@ -103,7 +102,6 @@ def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
     assert (written.workers, written.workers_requested) == (figures["chosen"], "auto")
     # A resume of the same "auto" recipe (here: from the first step's checkpoint, into a new
     # directory) takes the count from the checkpoint: no second measurement.
-    monkeypatch.setattr(autotune, "_chosen", {})
     monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured on resume"))
     first = sorted(
         (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1])

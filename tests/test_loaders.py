@@ -14,7 +14,7 @@ from PIL import Image
 from stallfree.data.backends.torch_backend import TorchLoader
 from stallfree.data.loader import build_loader
 from stallfree.data.readers.imageio import BadImageError
-from stallfree.data.registry import BACKENDS, BackendError, backend_options, resolve_backend
+from stallfree.data.registry import BACKENDS, BackendError, resolve, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.parallel import DistInfo
 from stallfree.recipe import RecipeError, apply_overrides
@@ -185,8 +185,8 @@ def test_plugin_declares_its_own_table(image_root: Path) -> None:
     with pytest.raises(RecipeError, match="declares no options"):
         build_loader(silent, "train", device=CPU)
     # A built-in backend's table comes to it the same way; one without a table gets None.
-    assert backend_options(recipe.loader, "dali") is recipe.loader.dali
-    assert backend_options(recipe.loader, "synthetic") is None
+    assert resolve(recipe.loader, "dali").options is recipe.loader.dali
+    assert resolve(recipe.loader, "synthetic").options is None
 
 
 def test_plugin_options_as_authors_write_them(image_root: Path) -> None:

@@ -193,7 +193,7 @@ class LoaderConfig:
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
     # A module:function backend's own keys, checked against the dataclass it declares
-    # (stallfree.data.registry.backend_options).
+    # (stallfree.data.registry.resolve).
     plugin: dict[str, Any] = field(default_factory=dict)
 
 

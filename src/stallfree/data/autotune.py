@@ -7,8 +7,9 @@ node measure at once, so each count is timed under the contention it will train 
 The figures go into the run directory (autotune.json) and the log.
 
 Candidates start after their first batch (worker or pipeline start-up is paid once per run,
-not per batch). Measuring costs a few seconds; the choice is kept for this process, so the val
-loader, a bench repeat or an evaluation reuse it.
+not per batch). Measuring costs a few seconds and happens once per run, in
+`RunContext.with_loader_counts`: every loader of the run is built with the recorded count
+(a library `build_loader` given "auto" measures for that loader).
 
 A training run writes the chosen count into its recipe (recipe.toml and every checkpoint),
 with "auto" beside it as the request (`workers_requested = "auto"`, `record`): what ran is on
@@ -17,48 +18,37 @@ record, and a resume takes the count from its checkpoint (`chosen_before`), not 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.data.registry import BACKENDS, backend_options
 from stallfree.log import LOGGER
 from stallfree.parallel import cpu_workers
 
-if TYPE_CHECKING:  # build_loader (data/loader.py) calls this module
+if TYPE_CHECKING:  # annotations only: the loader module calls this one, never the reverse
     from stallfree.data.loader import Loader, LoaderSpec
+    from stallfree.data.registry import ResolvedBackend
     from stallfree.recipe import LoaderConfig
 
 IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
-_chosen: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
 
 
-def _knob(backend: str) -> tuple[str, str] | None:
-    """(table, key) of the count `backend` tunes, as its registry entry declares, or None."""
-    entry = BACKENDS.get(backend)
-    return (entry.table, entry.tuned) if entry is not None and entry.tuned else None
-
-
-def tuned_key(backend: str) -> str:
+def tuned_key(backend: ResolvedBackend) -> str:
     """The dotted recipe key "auto" tunes for `backend`, e.g. loader.torch.workers ("" if none)."""
-    knob = _knob(backend)
-    return f"loader.{knob[0]}.{knob[1]}" if knob else ""
+    return f"loader.{backend.knob[0]}.{backend.knob[1]}" if backend.knob else ""
 
 
-def asks_auto(loader: LoaderConfig, backend: str) -> bool:
-    """Whether `backend`'s tuned count is "auto" in this loader table."""
-    knob = _knob(backend)
-    return knob is not None and getattr(getattr(loader, knob[0]), knob[1]) == "auto"
+def asks_auto(backend: ResolvedBackend) -> bool:
+    """Whether `backend`'s tuned count is "auto" in its options."""
+    return backend.knob is not None and getattr(backend.options, backend.knob[1]) == "auto"
 
 
-def chosen_before(previous: dict[str, Any] | None, backend: str) -> int | None:
+def chosen_before(previous: dict[str, Any] | None, backend: ResolvedBackend) -> int | None:
     """The count "auto" chose at this run's start, from a checkpoint's recipe (a dict); None
     when that recipe holds none (another backend, no "auto", or written before this record)."""
-    knob = _knob(backend)
-    if previous is None or knob is None or previous["loader"].get("backend") != backend:
+    knob = backend.knob
+    if previous is None or knob is None or previous["loader"].get("backend") != backend.name:
         return None
     table = previous["loader"].get(knob[0], {})
     count = table.get(knob[1])
@@ -66,32 +56,27 @@ def chosen_before(previous: dict[str, Any] | None, backend: str) -> int | None:
     return count if chosen and not isinstance(count, bool) else None
 
 
-def record(loader: LoaderConfig, backend: str, count: int) -> None:
+def record(loader: LoaderConfig, backend: ResolvedBackend, count: int) -> None:
     """Put the chosen `count` in the tuned key, and "auto" beside it as the request."""
-    knob = _knob(backend)
-    if knob is None:
-        raise ValueError(f'backend {backend!r} has no count that "auto" tunes')
-    table = getattr(loader, knob[0])
-    setattr(table, knob[1], count)
-    setattr(table, f"{knob[1]}_requested", "auto")
+    if backend.knob is None:
+        raise ValueError(f'backend {backend.name!r} has no count that "auto" tunes')
+    table = getattr(loader, backend.knob[0])
+    setattr(table, backend.knob[1], count)
+    setattr(table, f"{backend.knob[1]}_requested", "auto")
 
 
-def tuned_count(
-    spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
-) -> tuple[int, dict[str, Any] | None]:
-    """The count "auto" takes for `spec` (measured once per process), and the figures."""
-    knob = _knob(backend)
-    if knob is None:
-        raise ValueError(f'backend {backend!r} has no count that "auto" tunes')
-    tuned, figures = autotuned(spec, backend, build)
-    return getattr(getattr(tuned.loader, knob[0]), knob[1]), figures
+def tuned_count(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any] | None]:
+    """The count "auto" takes for `spec` (measured now), and the figures."""
+    if backend.knob is None:
+        raise ValueError(f'backend {backend.name!r} has no count that "auto" tunes')
+    tuned, figures = autotuned(spec, backend)
+    return getattr(tuned.options, backend.knob[1]), figures
 
 
-def _with_count(spec: LoaderSpec, backend: str, knob: tuple[str, str], count: int) -> LoaderSpec:
-    """`spec` whose tuned key holds `count`, its typed table as backend_options gives it."""
-    config = copy.deepcopy(spec.loader)
-    setattr(getattr(config, knob[0]), knob[1], count)
-    return dataclasses.replace(spec, loader=config, options=backend_options(config, backend))
+def _with_count(spec: LoaderSpec, backend: ResolvedBackend, count: int) -> LoaderSpec:
+    """`spec` whose typed options hold `count` in the tuned key."""
+    assert backend.knob is not None
+    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, **{backend.knob[1]: count}))
 
 
 def candidates(local_world_size: int) -> list[int]:
@@ -110,29 +95,21 @@ def _rate(loader: Loader, batch_size: int, batches: int) -> float:
     return batches * batch_size / (time.perf_counter() - started)
 
 
-def autotuned(
-    spec: LoaderSpec, backend: str, build: Callable[[LoaderSpec], Loader]
-) -> tuple[LoaderSpec, dict[str, Any] | None]:
+def autotuned(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[LoaderSpec, dict[str, Any] | None]:
     """`spec` with its "auto" count replaced by the measured best, and the figures (None when
     nothing was "auto")."""
-    knob = _knob(backend)
-    if knob is None or getattr(getattr(spec.loader, knob[0]), knob[1]) != "auto":
+    if backend.knob is None or getattr(spec.options, backend.knob[1]) != "auto":
         return spec, None
-    cache_key = (backend, spec.dist.local_world_size)
-    if cache_key not in _chosen:
-        _chosen[cache_key] = _measure(spec, build, backend, knob)
-    chosen, figures = _chosen[cache_key]
-    return _with_count(spec, backend, knob, chosen), figures
+    chosen, figures = _measure(spec, backend)
+    return _with_count(spec, backend, chosen), figures
 
 
-def _measure(
-    spec: LoaderSpec, build: Callable[[LoaderSpec], Loader], backend: str, knob: tuple[str, str]
-) -> tuple[int, dict[str, Any]]:
-    key = f"loader.{knob[0]}.{knob[1]}"
+def _measure(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any]]:
+    key = tuned_key(backend)
     rates: dict[int, float] = {}
     started = time.perf_counter()
     for count in candidates(spec.dist.local_world_size):
-        loader = build(_with_count(spec, backend, knob, count))
+        loader = backend.build(_with_count(spec, backend, count))
         try:
             batches = min(max(2, math.ceil(IMAGES / spec.batch_size)), len(loader) - 1)
             if batches < 1:  # a split too small to time: this rank's share, unmeasured

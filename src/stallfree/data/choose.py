@@ -17,11 +17,15 @@ does not; the val pixels agree to within 2 grey levels).
 from __future__ import annotations
 
 import importlib
+import sys
 from functools import lru_cache
 
 import torch
 
-from stallfree.parallel import cpu_workers
+from stallfree.data.registry import AUTO, BACKENDS
+from stallfree.log import LOGGER
+from stallfree.parallel import DistInfo, cpu_workers
+from stallfree.recipe import Recipe, apply_overrides
 
 _DALI_CPU_MIN_CORES = 4
 # The CPU run's loader. Measured in `stallfree bench` (benchmarks/RESULTS.md, 2-core EPYC,
@@ -91,3 +95,25 @@ def choose_backend(device: torch.device, local_world_size: int = 1) -> tuple[str
             "about half the memory (benchmarks/RESULTS.md)"
         ),
     )
+
+
+def resolve_auto(recipe: Recipe, device: torch.device, dist: DistInfo, *, say: bool = False) -> Recipe:
+    """`recipe` with `loader.backend = "auto"` (and a wrapper's "auto", synthetic-decode's)
+    decided for this device, once: the choice goes into the recipe, which the run directory
+    keeps. `say`: log the choice and its reason (rank 0 of a run)."""
+    loader = recipe.loader
+    entry = BACKENDS.get(loader.backend)
+    wrapped_auto = entry is not None and entry.wraps and getattr(loader, entry.wraps) == AUTO
+    if loader.backend != AUTO and not wrapped_auto:
+        return recipe
+    # Through the module attribute, so that a test's stand-in is the one asked.
+    backend, sets, why = sys.modules[__name__].choose_backend(device, dist.local_world_size)
+    if wrapped_auto:
+        assert entry is not None
+        recipe = apply_overrides(recipe, sets)  # e.g. DALI decoding on the CPU
+        setattr(recipe.loader, entry.wraps, backend)
+        return recipe
+    recipe = apply_overrides(recipe, [f'loader.backend="{backend}"', *sets])
+    if say and dist.rank == 0:
+        LOGGER.info(f"--loader auto: {backend} ({why})")
+    return recipe

@@ -13,15 +13,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from stallfree.data import registry
 from stallfree.data.autotune import autotuned, tuned_count
+from stallfree.data.choose import resolve_auto
 from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.readers.listing import Listing
 from stallfree.data.readers.startup_check import bad_headers_at_start
-from stallfree.data.registry import AUTO, BackendError, backend_options, resolve_backend
+from stallfree.data.registry import BackendError, ResolvedBackend
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.parallel import DistInfo
-from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe, apply_overrides
+from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig, Recipe
 
 
 class Batch(NamedTuple):
@@ -52,7 +54,7 @@ class LoaderSpec:
     sources: tuple[str, ...] = ()  # folders or shards the listing came from (cache keys)
     checked_by: tuple[str, int] | None = None  # (version, max_pixels) of a data check list
     # The backend's own table, typed: [loader.torch], [loader.dali], or a plug-in's declared
-    # options checked from [loader.plugin] (registry.backend_options); None when it has none.
+    # options checked from [loader.plugin], or the backend a wrapper wraps (registry.resolve).
     options: Any = None
 
     @property
@@ -209,52 +211,42 @@ def build_loader(
     device: torch.device,
     dist: DistInfo | None = None,
     dataset: Dataset | None = None,
+    backend: ResolvedBackend | None = None,
 ) -> Loader:
-    """Build `recipe.loader.backend`'s loader of `split` ("train" or "val") for this rank from
-    the resolved dataset. The backend is chosen by the recipe only (train, eval and bench
-    alike: `loader.backend`, or `--loader`, which sets it)."""
-    backend = recipe.loader.backend
+    """Build the backend's loader of `split` ("train" or "val") for this rank from the resolved
+    dataset. `backend`: the run's, resolved once (RunContext.backend); a library caller without
+    one gets `recipe.loader.backend` resolved here, "auto" the way a run decides it."""
     dist = dist or DistInfo()
+    if backend is None:
+        recipe = resolve_auto(recipe, device, dist)
+        backend = registry.resolve(recipe.loader)
     if dataset is None and recipe.data.root:
         dataset = resolve_dataset(recipe.data)
-    spec = _spec(recipe, split, device, dist, dataset)
-    if backend == AUTO:  # a library caller without prepare_recipe: resolved the same way
-        from stallfree.data.choose import choose_backend
-
-        backend, sets, _ = choose_backend(device, dist.local_world_size)
-        return build_loader(
-            apply_overrides(recipe.copy(), [f'loader.backend="{backend}"', *sets]),
-            split,
-            device=device,
-            dist=dist,
-            dataset=dataset,
-        )
-    build = resolve_backend(backend)
-    spec.options = backend_options(recipe.loader, backend)
-    spec, tuning = autotuned(spec, backend, build)
-    loader = build(spec)
+    spec, tuning = autotuned(loader_spec(recipe, split, device, dist, dataset, backend), backend)
+    loader = backend.build(spec)
     loader.autotune = tuning
     return loader
 
 
 def measure_auto_count(
-    recipe: Recipe, *, device: torch.device, dist: DistInfo, dataset: Dataset | None
+    recipe: Recipe, backend: ResolvedBackend, *, device: torch.device, dist: DistInfo, dataset: Dataset | None
 ) -> tuple[int, dict[str, Any] | None]:
     """The count `workers`/`threads = "auto"` takes for this run (timed on the train split,
-    data/autotune.py), and the figures; the backend is resolved already."""
-    backend = recipe.loader.backend
-    spec = _spec(recipe, "train", device, dist, dataset)
-    spec.options = backend_options(recipe.loader, backend)
-    return tuned_count(spec, backend, resolve_backend(backend))
+    data/autotune.py), and the figures."""
+    return tuned_count(loader_spec(recipe, "train", device, dist, dataset, backend), backend)
 
 
-def _spec(
-    recipe: Recipe, split: str, device: torch.device, dist: DistInfo, dataset: Dataset | None
+def loader_spec(
+    recipe: Recipe,
+    split: str,
+    device: torch.device,
+    dist: DistInfo,
+    dataset: Dataset | None,
+    backend: ResolvedBackend,
 ) -> LoaderSpec:
-    """What every backend is built from (options and tuning added by the caller)."""
-    backend = recipe.loader.backend
-    if dataset is None and backend != "synthetic":
-        raise BackendError(f"loader backend {backend!r} needs data.root; set --set data.root=PATH")
+    """What every backend is built from: the recipe's facts and the backend's typed options."""
+    if dataset is None and backend.needs_data:
+        raise BackendError(f"loader backend {backend.name!r} needs data.root; set --set data.root=PATH")
     return LoaderSpec(
         split=split,
         listing=dataset.splits[split] if dataset else None,
@@ -272,4 +264,5 @@ def _spec(
         synthetic_samples=recipe.data.synthetic_samples,
         sources=dataset.sources if dataset else (),
         checked_by=dataset.checked_by if dataset else None,
+        options=backend.options,
     )

@@ -27,19 +27,22 @@ class Backend:
     """What stallfree knows of a backend, in one place: its builder ("module:function", taking
     a LoaderSpec and returning a Loader), the `[loader.<table>]` of its own keys (typed in
     recipe.py, so that a recipe is checked without importing torch or DALI), and the key of
-    that table that `"auto"` tunes (data/autotune.py)."""
+    that table that `"auto"` tunes (data/autotune.py); whether it reads data.root, and the
+    loader key naming the backend it wraps (synthetic-decode's)."""
 
     builder: str
     table: str = ""
     tuned: str = ""
+    needs_data: bool = True
+    wraps: str = ""
 
 
 BACKENDS: dict[str, Backend] = {
     "torch": Backend("stallfree.data.backends.torch_backend:build", table="torch", tuned="workers"),
-    "synthetic": Backend("stallfree.data.backends.synthetic:build"),
+    "synthetic": Backend("stallfree.data.backends.synthetic:build", needs_data=False),
     "dali": Backend("stallfree.data.backends.dali_backend:build", table="dali", tuned="threads"),
     # Its own key is loader.synthetic_decode; the pipeline it wraps reads that one's table.
-    "synthetic-decode": Backend("stallfree.data.backends.synthetic_decode:build"),
+    "synthetic-decode": Backend("stallfree.data.backends.synthetic_decode:build", wraps="synthetic_decode"),
 }
 # A `module:function` plug-in's keys: checked against the dataclass its builder declares as
 # `build.options = MyOptions` (every field with a default), like the built-in tables.
@@ -66,13 +69,47 @@ def resolve_backend(name: str) -> Callable[..., Any]:
     return getattr(module, func)
 
 
-def backend_options(loader: LoaderConfig, name: str) -> Any:
-    """The typed table of `name`'s own keys (None for a backend without one). A plug-in's
-    `[loader.plugin]` is checked here against its declared dataclass, and `loader.plugin` is
-    rewritten with the defaults filled in, so the run's recipe.toml shows every value used."""
-    if name in BACKENDS:
-        return getattr(loader, BACKENDS[name].table) if BACKENDS[name].table else None
-    declared = getattr(resolve_backend(name), "options", None)
+@dataclass(frozen=True, slots=True)
+class ResolvedBackend:
+    """A run's loader backend, resolved once (`resolve`): its name, builder, typed options (the
+    `[loader.<table>]` object, a plug-in's declared dataclass, or None), its registry entry
+    (None for a plug-in) and, for a wrapper (synthetic-decode), the backend it wraps."""
+
+    name: str
+    build: Callable[..., Any]
+    options: Any = None
+    entry: Backend | None = None
+    inner: ResolvedBackend | None = None
+
+    @property
+    def knob(self) -> tuple[str, str] | None:
+        """(table, key) of the count `"auto"` tunes, as the registry entry declares, or None."""
+        return (self.entry.table, self.entry.tuned) if self.entry and self.entry.tuned else None
+
+    @property
+    def needs_data(self) -> bool:
+        return self.entry.needs_data if self.entry else True
+
+
+def resolve(loader: LoaderConfig, name: str | None = None) -> ResolvedBackend:
+    """`name` (default `loader.backend`) with its builder and typed options from `loader`;
+    "auto" must be decided before (stallfree.data.choose). Reads only: a plug-in's options
+    come back typed, `loader.plugin` is left as it is (prepare_recipe records the defaults)."""
+    name = name or loader.backend
+    if name == AUTO:
+        raise BackendError('resolve loader.backend = "auto" first (stallfree.data.choose.resolve_auto)')
+    build = resolve_backend(name)
+    entry = BACKENDS.get(name)
+    if entry is not None:
+        inner = resolve(loader, getattr(loader, entry.wraps)) if entry.wraps else None
+        options = getattr(loader, entry.table) if entry.table else inner
+        return ResolvedBackend(name, build, options, entry, inner)
+    return ResolvedBackend(name, build, _plugin_options(loader, name, build))
+
+
+def _plugin_options(loader: LoaderConfig, name: str, build: Callable[..., Any]) -> Any:
+    """A plug-in's `[loader.plugin]`, checked against the dataclass its builder declares."""
+    declared = getattr(build, "options", None)
     where = f"[loader.{PLUGIN_TABLE}] (for loader.backend = {name!r})"
     if declared is None:
         if loader.plugin:
@@ -84,6 +121,4 @@ def backend_options(loader: LoaderConfig, name: str) -> Any:
         return None
     if not isinstance(declared, type) or not dataclasses.is_dataclass(declared):
         raise BackendError(f"plug-in {name!r}: its `options` must be a dataclass class, got {declared!r}")
-    options = table_from_dict(declared, loader.plugin, f"loader.{PLUGIN_TABLE}", where)
-    loader.plugin = dataclasses.asdict(options)
-    return options
+    return table_from_dict(declared, loader.plugin, f"loader.{PLUGIN_TABLE}", where)

@@ -14,17 +14,17 @@ import torch
 from torch import nn
 
 from stallfree import __version__
-from stallfree.data import autotune
-from stallfree.data.choose import choose_backend
+from stallfree.data import autotune, registry
+from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader, build_loader, measure_auto_count
 from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
-from stallfree.data.registry import backend_options
+from stallfree.data.registry import ResolvedBackend
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet
 from stallfree.models import build_model
 from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, RecipeError, apply_overrides, validate
+from stallfree.recipe import Recipe, RecipeError, validate
 from stallfree.train.distributed import resolve_device, wrap_model
 from stallfree.train.ema import ModelEma
 from stallfree.train.microbatch import MicroBatcher
@@ -37,11 +37,13 @@ from stallfree.train.trainer import Trainer, TrainerConfig
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunContext:
     """One run's resolved facts: the recipe with every "auto" decided, the device, the ranks,
-    and (once listed) the dataset. Everything derived from them is a property here."""
+    the loader backend (resolved once: name, builder, typed options, tuned count) and (once
+    listed) the dataset. Everything derived from them is a property here."""
 
     recipe: Recipe
     device: torch.device
     dist: DistInfo
+    backend: ResolvedBackend
     dataset: Dataset | None = None
     autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
 
@@ -55,13 +57,13 @@ class RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at
         its start when `previous` (its checkpoint's recipe) holds one, else measured now. The
         recipe keeps the count, "auto" beside it as the request, so recipe.toml says what ran."""
-        backend = self.recipe.loader.backend
-        if not autotune.asks_auto(self.recipe.loader, backend):
+        backend = self.backend
+        if not autotune.asks_auto(backend):
             return self
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
             count, figures = measure_auto_count(
-                self.recipe, device=self.device, dist=self.dist, dataset=self.dataset
+                self.recipe, backend, device=self.device, dist=self.dist, dataset=self.dataset
             )
         elif self.dist.rank == 0:
             LOGGER.info(
@@ -70,7 +72,10 @@ class RunContext:
             )
         recipe = self.recipe.copy()
         autotune.record(recipe.loader, backend, count)
-        return dataclasses.replace(self, recipe=recipe, autotune=figures)
+        assert backend.knob is not None  # asks_auto said so
+        # The same resolution, its typed table now the recipe copy's (which holds the count).
+        backend = dataclasses.replace(backend, options=getattr(recipe.loader, backend.knob[0]))
+        return dataclasses.replace(self, recipe=recipe, backend=backend, autotune=figures)
 
     @property
     def num_classes(self) -> int:
@@ -94,7 +99,9 @@ class RunContext:
 
     def loader(self, split: str) -> Loader:
         """This rank's loader of `split`, from the recipe's `loader.backend`."""
-        return build_loader(self.recipe, split, device=self.device, dist=self.dist, dataset=self.dataset)
+        return build_loader(
+            self.recipe, split, device=self.device, dist=self.dist, dataset=self.dataset, backend=self.backend
+        )
 
     def facts(self) -> dict[str, Any]:
         """What produced a summary's figures: backend, device, resolved precision, world, batch."""
@@ -109,8 +116,8 @@ class RunContext:
 
 
 def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
-    """Validate the recipe, pick the device, resolve `precision` and `--loader auto`: cheap,
-    no data (a finished run's requeue exits after this)."""
+    """Validate the recipe, pick the device, resolve `precision` and the loader backend (once,
+    `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
     recipe = recipe.copy()
     validate(recipe)
     device = resolve_device(recipe.train.device, dist)
@@ -119,12 +126,12 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
         torch.backends.cudnn.benchmark = True
     recipe.train.precision = resolve_precision(recipe.train.precision, device)
     _check_trackers(recipe.train.trackers)
-    if recipe.loader.backend == "auto" or (
-        recipe.loader.backend == "synthetic-decode" and recipe.loader.synthetic_decode == "auto"
-    ):
-        recipe = resolve_auto_loader(recipe, device, dist)
-    backend_options(recipe.loader, recipe.loader.backend)  # a plug-in's table, checked now
-    return RunContext(recipe, device, dist)
+    recipe = resolve_auto(recipe, device, dist, say=True)
+    backend = registry.resolve(recipe.loader)  # the one resolution; a plug-in's table checked now
+    if backend.entry is None and backend.options is not None:
+        # A plug-in's options with their defaults filled in: recipe.toml shows every value used.
+        recipe.loader.plugin = dataclasses.asdict(backend.options)
+    return RunContext(recipe, device, dist, backend)
 
 
 def _check_trackers(trackers: list[str]) -> None:
@@ -138,20 +145,6 @@ def _check_trackers(trackers: list[str]) -> None:
                 f"install {TRACKERS[name][1]} (or 'stallfree[track]'), or remove "
                 "it from train.trackers"
             )
-
-
-def resolve_auto_loader(recipe: Recipe, device: torch.device, dist: DistInfo) -> Recipe:
-    """`loader.backend = "auto"` (and synthetic-decode's "auto") resolved for this device; the
-    choice and its reason are said once, and the run directory's recipe holds the choice."""
-    backend, sets, why = choose_backend(device, dist.local_world_size)
-    if recipe.loader.backend == "synthetic-decode":
-        recipe = apply_overrides(recipe, sets)  # e.g. DALI decoding on the CPU
-        recipe.loader.synthetic_decode = backend
-    if recipe.loader.backend == "auto":
-        recipe = apply_overrides(recipe, [f"loader.backend={backend}", *sets])
-        if dist.rank == 0:
-            LOGGER.info(f"--loader auto: {backend} ({why})")
-    return recipe
 
 
 def prepare(recipe: Recipe, dist: DistInfo | None = None) -> RunContext:

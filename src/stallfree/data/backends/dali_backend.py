@@ -36,6 +36,7 @@ from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError, some_of
 from stallfree.log import NATIVE_STDERR
 from stallfree.parallel import cpu_workers
+from stallfree.recipe import DaliLoaderConfig
 
 
 class DataPipelineError(StallfreeError, RuntimeError):
@@ -48,7 +49,7 @@ class DaliLoader(ShardedLoader):
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None:
             raise BackendError("the dali backend needs a dataset listing (data.root)")
-        opts = spec.loader.dali
+        opts: DaliLoaderConfig = spec.options  # [loader.dali], resolved once (registry.resolve)
         # DALI needs at least one thread: 0 means "derive it", like -1.
         self.threads = cpu_workers(opts.threads if opts.threads != 0 else -1, spec.dist.local_world_size)
         # Sample i of the plan is listing entry kept[i] (all of them unless files are skipped).
@@ -281,9 +282,9 @@ class DaliLoader(ShardedLoader):
         super().load_state_dict(state)
         self._close_iterator()
         # DALI's checkpoint holds its random state, which continues this rank's stream: it
-        # applies only when the shards are unchanged (and not to a 0.2 checkpoint, whose
-        # pipeline had a file reader: "dali_list_start").
-        usable = "dali" in state and self.same_shards(state) and "dali_list_start" not in state
+        # applies only when the shards are unchanged. (A 0.2 file's, from a file-reader
+        # pipeline, is dropped when the checkpoint is upgraded: train/ckpt_format.py.)
+        usable = "dali" in state and self.same_shards(state)
         self._checkpoint = state["dali"] if usable else None
 
     def _close_iterator(self) -> None:

@@ -80,8 +80,7 @@ def image_pipeline(
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
     hints = (
-        _GPU_DECODER_HINTS
-        | {"hw_decoder_load": spec.loader.dali.hw_decoder_load, "jpeg_fancy_upsampling": True}
+        _GPU_DECODER_HINTS | {"hw_decoder_load": spec.options.hw_decoder_load, "jpeg_fancy_upsampling": True}
         if decode_device == "mixed"
         else {}
     )

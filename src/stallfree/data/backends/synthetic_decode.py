@@ -12,7 +12,6 @@ augments them at every step as it would the real ones. So:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import shutil
@@ -27,7 +26,7 @@ from stallfree.data.loader import Batch, Loader, LoaderSpec
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
 from stallfree.data.readers.listing import Listing, ListingBuilder
-from stallfree.data.registry import BackendError, backend_options, resolve_backend
+from stallfree.data.registry import BackendError, ResolvedBackend
 
 _FILES = 256
 
@@ -59,13 +58,8 @@ class SyntheticDecodeLoader(Loader):
     def __init__(self, spec: LoaderSpec) -> None:
         if spec.listing is None or len(spec.listing) == 0:
             raise BackendError("synthetic-decode needs data.root: it decodes some of its files")
-        backend, loader = spec.loader.synthetic_decode, spec.loader
-        if backend == "auto":  # as --loader auto would pick (a run resolves it in its recipe)
-            from stallfree.data.choose import choose_backend
-            from stallfree.recipe import Recipe, apply_overrides
-
-            backend, sets, _ = choose_backend(spec.device, spec.dist.local_world_size)
-            loader = apply_overrides(Recipe(loader=copy.deepcopy(loader)), sets).loader
+        # Its options are the backend it wraps, resolved with the run's ("auto" decided before).
+        inner: ResolvedBackend = spec.options
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.folder = tempfile.mkdtemp(prefix="stallfree-synthetic-decode-", dir=shm)
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -81,10 +75,9 @@ class SyntheticDecodeLoader(Loader):
             listing=listing,
             sources=(self.folder,),
             checked_by=(rules_id(), spec.max_pixels),
-            loader=loader,
-            options=backend_options(loader, backend),
+            options=inner.options,
         )
-        self.inner: Loader = resolve_backend(backend)(inner_spec)
+        self.inner: Loader = inner.build(inner_spec)
 
     def _named(self, exc: BadImageError) -> BadImageError:
         """The error about a copy, about the user's file instead."""

@@ -25,7 +25,7 @@ from stallfree.data.sharding import sample_seeds
 from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers
-from stallfree.recipe import AugmentConfig
+from stallfree.recipe import AugmentConfig, TorchLoaderConfig
 
 # The worker count is the user's or measured (workers = "auto" tries one more than the cores):
 # torch's advice to use fewer than the CPUs it counts is noise in either case.
@@ -127,7 +127,10 @@ class TorchLoader(ShardedLoader):
         super().__init__(
             len(spec.listing), batch_size=spec.batch_size, dist=spec.dist, train=spec.train, seed=spec.seed
         )
-        workers = cpu_workers(spec.loader.torch.workers, spec.dist.local_world_size)
+        # Its typed options; a plug-in built on this loader without options of its own (naive,
+        # torch-uint8, the bench's peers) takes [loader.torch].
+        options = spec.options if isinstance(spec.options, TorchLoaderConfig) else spec.loader.torch
+        workers = cpu_workers(options.workers, spec.dist.local_world_size)
         # Headers first, as the dali backend does: a bad file stops the run before its first step,
         # or (data.on_error = "skip") is announced now and dropped when its batch comes.
         self.spec = spec

@@ -1,0 +1,62 @@
+"""Issue 26 (1): a run resolves its loader backend once, in prepare_recipe, and every loader
+of the run is built from that one value; backends read their typed options."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import small_recipe
+
+import stallfree.data.choose as choose
+import stallfree.data.registry as registry
+from stallfree.train.build import prepare
+
+
+def test_a_run_resolves_its_backend_once(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    original = registry.resolve
+
+    def counting(loader, name=None):
+        calls.append(name or loader.backend)
+        return original(loader, name)
+
+    monkeypatch.setattr(registry, "resolve", counting)
+    ctx = prepare(small_recipe(image_root))
+    for split in ("train", "val", "train"):
+        ctx.loader(split).close()
+    assert calls == ["torch"]
+    assert ctx.backend.name == "torch" and ctx.backend.entry is registry.BACKENDS["torch"]
+    assert ctx.backend.options is ctx.recipe.loader.torch  # the typed table, not a copy
+
+
+def test_backends_read_their_typed_options(image_root: Path) -> None:
+    """The torch backend takes its worker count from the resolved options, not the recipe."""
+    ctx = prepare(small_recipe(image_root, loader={"torch": {"workers": 0}}))
+    options = dataclasses.replace(ctx.backend.options, workers=1)
+    ctx = dataclasses.replace(ctx, backend=dataclasses.replace(ctx.backend, options=options))
+    loader = ctx.loader("val")
+    try:
+        assert loader.dataloader.num_workers == 1
+    finally:
+        loader.close()
+
+
+def test_synthetic_decode_auto_is_chosen_once(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """synthetic-decode's "auto" is decided in prepare_recipe; its loaders wrap that backend."""
+    chosen: list[torch.device] = []
+
+    def fake_choose(device: torch.device, local_world_size: int = 1) -> tuple[str, list[str], str]:
+        chosen.append(device)
+        return "torch", [], "test"
+
+    monkeypatch.setattr(choose, "choose_backend", fake_choose)
+    recipe = small_recipe(image_root, loader={"backend": "synthetic-decode", "synthetic_decode": "auto"})
+    ctx = prepare(recipe)
+    for split in ("train", "val"):
+        ctx.loader(split).close()
+    assert len(chosen) == 1
+    assert ctx.recipe.loader.synthetic_decode == "torch"
+    assert ctx.backend.inner is not None and ctx.backend.inner.name == "torch"
