@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from stallfree.errors import StallfreeError
+from stallfree.train.ckpt_format import upgrade
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
@@ -97,7 +98,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """`torch.load(weights_only=True)`: tensors, containers and primitives only, never code."""
+    """`torch.load(weights_only=True)`: tensors, containers and primitives only, never code;
+    upgraded to the current format (a newer one raises CheckpointFormatError)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -112,7 +114,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
-    return state
+    return upgrade(state, path)  # every reader sees the current format (train/ckpt_format.py)
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -14,6 +15,7 @@ from stallfree.data.loader import Loader
 from stallfree.errors import StallfreeError
 from stallfree.recipe import Recipe
 from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state, set_rng_state
+from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.distributed import gather_objects
 from stallfree.train.trainer import Trainer
 
@@ -25,6 +27,14 @@ INTERRUPTED_EXIT_CODE = 130
 
 class ResumeError(StallfreeError, ValueError):
     """A checkpoint whose run differs from this one in a way that changes its meaning."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """The checkpoint a run continues from: its state (at the current format) and its file."""
+
+    state: dict[str, Any]
+    path: Path
 
 
 def training_state(
@@ -54,6 +64,7 @@ def training_state(
         "class_names": list(class_names or []),  # label order; predict and export.json read it
         "world_size": world_size,
         "stallfree_version": __version__,
+        "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
     }
 
 
@@ -73,6 +84,7 @@ def best_state(
         "num_classes": num_classes,
         "class_names": list(class_names or []),
         "stallfree_version": __version__,
+        "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
     }
 
 
@@ -118,7 +130,7 @@ def check_compatible(
     re-lays it mid-run, so the LR jumps (after a finished run, from near 0 back up); `force`
     accepts that, as it does the other differences.
     """
-    if "batch_size" not in state["ranks"][0]["loader"]:
+    if not resumable(state):
         raise ResumeError(
             f"cannot resume from {path}: it was written by stallfree "
             f"{state.get('stallfree_version', '< 0.2')}, which counted the loader "
@@ -150,10 +162,11 @@ def check_compatible(
         )
 
 
-def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any], Path] | None:
+def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
     """`auto`: the newest checkpoint that loads (None if there is none); else the given file."""
     if resume == "auto":
-        return checkpointer.load_latest()
+        latest = checkpointer.load_latest()
+        return ResumePoint(*latest) if latest is not None else None
     path = Path(resume)
     if path.is_dir():
         raise ResumeError(
@@ -174,7 +187,7 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> tuple[dict[str, Any]
             f"({', '.join(newer)}): resuming would mix two histories; move them "
             "away first, or resume into another --out"
         )
-    return state, path
+    return ResumePoint(state, path)
 
 
 def _step(path: Path) -> int:

@@ -26,6 +26,7 @@ from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdo
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import (
+    ResumePoint,
     StopSignal,
     best_state,
     check_compatible,
@@ -65,10 +66,9 @@ class SegmentClock:
     earlier_s: float = 0.0
     earlier: int = 0
 
-    def load(self, state: dict[str, Any] | None) -> None:
-        """Take the earlier segments from a checkpoint (absent before issue 25: none)."""
-        if state:
-            self.earlier_s, self.earlier = float(state["wall_s"]), int(state["count"])
+    def load(self, state: dict[str, Any]) -> None:
+        """Take the earlier segments from a checkpoint (one from before issue 25: none)."""
+        self.earlier_s, self.earlier = float(state["wall_s"]), int(state["count"])
 
     def state_dict(self) -> dict[str, Any]:
         return {"wall_s": self.wall_s(), "count": self.earlier + 1}
@@ -115,17 +115,17 @@ def train(
     if found is None:
         run.check_fresh_start(resume)
     else:
-        check_compatible(found[0], recipe, dist.world_size, found[1], force)
-        clock.load(found[0].get("segments"))
-        if found[0]["epoch"] >= recipe.train.epochs:
+        check_compatible(found.state, recipe, dist.world_size, found.path, force)
+        clock.load(found.state["segments"])
+        if found.state["epoch"] >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
             LOGGER.info(
-                f"{out_dir} holds a finished run (epoch {found[0]['epoch']} of "
+                f"{out_dir} holds a finished run (epoch {found.state['epoch']} of "
                 f"{recipe.train.epochs}); nothing to do"
             )
             return run.finished_summary()
     # "auto" worker/thread counts: a resume reuses what its checkpoint's recipe records.
-    ctx = ctx.with_dataset().with_loader_counts(found[0]["recipe"] if found else None)
+    ctx = ctx.with_dataset().with_loader_counts(found.state["recipe"] if found else None)
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
@@ -144,13 +144,13 @@ def train(
             resuming=found is not None,
         )
         start_epoch = (
-            restore(found[0], trainer, loaders["train"], dist.rank, device) if found is not None else 0
+            restore(found.state, trainer, loaders["train"], dist.rank, device) if found is not None else 0
         )
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()
         if dist.rank == 0:
-            run.start(dump_toml(recipe), found[0].get("metrics_records", 0) if found else 0)
+            run.start(dump_toml(recipe), found.state["metrics_records"] if found else 0)
             sinks.open(run.path, tuple(recipe.train.trackers), _flat(recipe.to_dict()))
             if ctx.autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", ctx.autotune)
@@ -220,7 +220,7 @@ def _barrier_after_checks() -> None:
         torch.distributed.barrier()
 
 
-def _announce(ctx: RunContext, found: Any, start_epoch: int, trainer: Trainer) -> None:
+def _announce(ctx: RunContext, found: ResumePoint | None, start_epoch: int, trainer: Trainer) -> None:
     if ctx.dist.rank != 0:
         return
     recipe = ctx.recipe
@@ -230,7 +230,7 @@ def _announce(ctx: RunContext, found: Any, start_epoch: int, trainer: Trainer) -
         f"global batch {ctx.global_batch}"
     )
     if found is not None:
-        LOGGER.info(f"resumed from {found[1]} at epoch {start_epoch}, step {trainer.optimizer_steps}")
+        LOGGER.info(f"resumed from {found.path} at epoch {start_epoch}, step {trainer.optimizer_steps}")
 
 
 class TimeToGo:

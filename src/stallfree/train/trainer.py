@@ -430,7 +430,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` saved."""
+        """Restore what `state_dict` saved (a checkpoint upgraded to the current format)."""
         unwrap(self.model).load_state_dict(state["model"])
         if self.ema is not None:
             if "ema" not in state:
@@ -447,11 +447,10 @@ class Trainer:
         counters = state["counters"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
         # The epoch is the loader's to keep (its state is where a run resumes); `fit` hands it
-        # to the trainer at each pass. A 0.2 checkpoint's counters still carry one: ignored.
+        # to the trainer at each pass. Older files' defaults: train/ckpt_format.py.
         self._nonfinite_in_row = counters["nonfinite_in_row"]
-        self.best_val_top1 = float(counters.get("best_val_top1", -1.0))  # absent before 0.3
-        if "totals" in state:  # absent before issue 25: the summary counts this segment only
-            self.totals.load_state_dict(state["totals"])
+        self.best_val_top1 = float(counters["best_val_top1"])
+        self.totals.load_state_dict(state["totals"])
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:

@@ -1,0 +1,96 @@
+"""The checkpoint format number, and `upgrade`: the one place an older file is brought up to it.
+
+Every checkpoint stallfree writes (ckpt-<step>.pt and best.pt) carries `"format": FORMAT`, and
+`load_checkpoint` passes every file through `upgrade`, so the code that reads a checkpoint
+(resume, trainer, loaders, eval, export) finds every key of the current format and never
+guesses a file's age from which keys exist.
+
+To add a key to checkpoints: write it where the state is built (train/resume.py), bump FORMAT,
+and add a `_to_<N>` step below that gives files of format N-1 the key's default (the value
+that means what a file without it meant). Nothing else needs to know about older files.
+
+Formats:
+  0  stallfree 0.1 (unstamped): loader positions counted in batches. Its weights still load
+     (eval, export, init_from); a resume is refused (see `resumable`).
+  1  stallfree 0.2-0.3 (unstamped): positions in samples; keys added along the way without a
+     stamp: counters.best_val_top1 (0.3), totals and segments (issue 25), num_classes,
+     class_names. A 0.2 DALI state came from a file-reader pipeline (its loader state has
+     "dali_list_start").
+  2  stamped with "format"; every key above present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stallfree import __version__
+from stallfree.errors import StallfreeError
+
+FORMAT = 2
+
+
+class CheckpointFormatError(StallfreeError, ValueError):
+    """A checkpoint written in a format newer than this stallfree reads."""
+
+
+def format_of(state: dict[str, Any]) -> int:
+    """The file's format: its stamp, or for unstamped files (formats 0 and 1) the only guess."""
+    if "format" in state:
+        return int(state["format"])
+    loaders = [rank["loader"] for rank in state.get("ranks", [])]
+    return 0 if any("batch_size" not in loader for loader in loaders) else 1
+
+
+def resumable(state: dict[str, Any]) -> bool:
+    """Whether an upgraded state can be resumed from (format 0 positions cannot be converted)."""
+    return int(state.get("upgraded_from", FORMAT)) >= 1
+
+
+def upgrade(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """`state` (read from `path`) at the current FORMAT, upgraded one format at a time.
+
+    A newer format than this code knows is refused: its keys may mean what this code cannot.
+    """
+    found = format_of(state)
+    if found > FORMAT:
+        raise CheckpointFormatError(
+            f"checkpoint {path} is format {found}, newer than this stallfree {__version__} "
+            f"reads (format {FORMAT}); upgrade stallfree (pip install -U stallfree)"
+        )
+    for version in range(found + 1, FORMAT + 1):
+        state = _STEPS[version](state)
+    if found < FORMAT:
+        state["upgraded_from"] = found
+    state["format"] = FORMAT
+    return state
+
+
+def _to_1(state: dict[str, Any]) -> dict[str, Any]:
+    # Batch positions cannot become sample positions (0.1's order differs): the loader state
+    # is left as it is, and `resumable` says no.
+    return state
+
+
+def _to_2(state: dict[str, Any]) -> dict[str, Any]:
+    state.setdefault("num_classes", 0)  # 0: export reads the class count from the weights
+    state.setdefault("class_names", [])  # none recorded: export and predict name labels by number
+    if "counters" not in state:  # a best.pt: weights, epoch and recipe only
+        return state
+    counters = state["counters"]
+    counters.setdefault("best_val_top1", -1.0)  # absent before 0.3: no epoch compared yet
+    counters.pop("epoch", None)  # 0.2 kept it here; the loader's state holds it
+    # Absent before issue 25: zero earlier time, so the summary counts the later segments only.
+    state.setdefault("totals", {"images": 0, "wall_s": 0.0, "wait_s": 0.0})
+    state.setdefault("segments", {"wall_s": 0.0, "count": 0})
+    state.setdefault("metrics_records", 0)  # 0: metrics.jsonl restarts (what 0.2 did)
+    for rank in state.get("ranks", []):
+        loader = rank["loader"]
+        if loader.pop("dali_list_start", None) is not None:
+            # 0.2's DALI state is a file reader's; the external-source pipeline cannot use it.
+            loader.pop("dali", None)
+    return state
+
+
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2}
