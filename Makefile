@@ -37,8 +37,11 @@ demo: $(STAMP) $(DEMO)/.complete
 	$(VENV)/bin/stallfree compare runs/demo-dali runs/demo-torch
 	$(ACTIVATE)
 
+# One pytest worker per core; worksteal evens out the few long end-to-end tests.
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) $(DEMO) runs

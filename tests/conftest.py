@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny datasets written into tmp dirs, and the CUDA marker."""
+"""Shared fixtures: tiny datasets written into tmp dirs, the CUDA marker, per-worker settings."""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ from stallfree.data.tools.demo import write_demo
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 # Start-up check results, packed peer shards and the like go to a cache of the test session
 # (inherited by every subprocess), not into the user's ~/.cache.
+# Under pytest-xdist (`make test`) each worker has its own, so that no test sees another's entries.
 _CACHE = tempfile.TemporaryDirectory(prefix="stallfree-test-cache-")
-os.environ.setdefault("STALLFREE_CACHE", _CACHE.name)
+if os.environ.get("STALLFREE_CACHE") in (None, os.environ.get("_STALLFREE_TEST_CACHE")):
+    os.environ["STALLFREE_CACHE"] = os.environ["_STALLFREE_TEST_CACHE"] = _CACHE.name
+# Workers share the cores: torch's intra-op threads would otherwise oversubscribe them
+# (each worker would use every core for its matmuls and convolutions).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -95,7 +96,10 @@ def test_ema_and_mixing_resume_bitwise(image_root: Path, tmp_path: Path, backend
     assert not torch.equal(final["model"][first], final["ema"]["module"][first])
 
 
-def test_compile_trains_a_step(image_root: Path, tmp_path: Path) -> None:
+def test_compile_trains_a_step(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo traces the trainer's model and AOTAutograd builds its backward, as with inductor;
+    # inductor's C++ code generation (torch's own, ~50 s on 2 cores with a cold cache) is skipped.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     recipe = small_recipe(image_root, train={"compile": True, "batch_size": 30, "epochs": 1})
     summary = train(recipe, tmp_path / "run", progress=False)
     assert summary["optimizer_steps"] == 2
