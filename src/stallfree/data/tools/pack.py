@@ -92,8 +92,8 @@ def pack_split(
                 close()
             shards.append({"name": f"{split}-{len(shards):06d}.tar"})
             # Closed by close() when the shard is full: it outlives one loop iteration.
-            path = out / shards[-1]["name"]
-            tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+            shard = out / shards[-1]["name"]
+            tar = tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
             size = _RESERVE
         key = f"{split}{i:09d}"
         _add(tar, f"{key}.{Path(path).suffix.lower().lstrip('.') or 'jpg'}", data)
