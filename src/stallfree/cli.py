@@ -16,6 +16,8 @@ from stallfree.bench.variants import BENCH_VARIANTS
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
+from stallfree.predict import add_parser as _predict_parser
+from stallfree.predict import cmd_predict
 from stallfree.recipe import (
     DEFAULT_MAX_PIXELS,
     Recipe,
@@ -199,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     _compare_parser(sub)
     _export_parser(sub)
+    _predict_parser(sub)
     doctor = sub.add_parser(
         "doctor",
         help="what this machine can run (torch, GPUs, DALI, nvJPEG, "
@@ -440,6 +443,7 @@ COMMANDS = {
     "eval": cmd_eval,
     "compare": cmd_compare,
     "export": cmd_export,
+    "predict": cmd_predict,
     "doctor": cmd_doctor,
 }
 

@@ -1,0 +1,204 @@
+"""`stallfree predict CHECKPOINT_OR_RUN IMAGE_OR_FOLDER...`: the top-k class names of each image.
+
+Images go through the run's own validation transform (the torch backend's decode, resize of the
+shorter side to augment.resize_size, center crop of the val size, normalisation with the
+recipe's mean and std), in batches, on the device. A file that does not decode is one line
+naming it; the others go on, and the exit code says that some failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallfree.errors import StallfreeError
+
+# Exit code when some inputs could not be predicted (the others were).
+SOME_FAILED_EXIT_CODE = 1
+
+
+class PredictError(StallfreeError, ValueError):
+    """Arguments `stallfree predict` cannot use; the message names the argument and the fix."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `stallfree predict` on the CLI's sub-parsers."""
+    p = sub.add_parser(
+        "predict",
+        help="the top-k class names of images, from a checkpoint or run directory",
+        description="Predict the top-k class names and probabilities of each image with a "
+        "checkpoint's weights, through the run's own validation transform. A RUN directory means "
+        "its checkpoints/best.pt, else its newest checkpoint (the first line on stderr says which). "
+        f"Exit code 0 when every image was predicted, {SOME_FAILED_EXIT_CODE} when some could not "
+        "be read (each is named in one line; the others are still predicted), 2 on bad arguments.",
+    )
+    p.add_argument(
+        "checkpoint", metavar="CHECKPOINT_OR_RUN", help="a ckpt-*.pt, a best.pt or a run directory"
+    )
+    p.add_argument(
+        "inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="images, or folders searched for images"
+    )
+    p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5, at most all)")
+    p.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
+    p.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One input's result: its top-k (name, probability) pairs, or why it failed."""
+
+    path: str
+    top: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+    def as_json(self) -> str:
+        if self.error:
+            return json.dumps({"path": self.path, "error": self.error})
+        return json.dumps(
+            {"path": self.path, "top": [{"class": name, "prob": round(p, 6)} for name, p in self.top]}
+        )
+
+    def as_line(self) -> str:
+        return f"{self.path}: " + ", ".join(f"{name} {p:.3f}" for name, p in self.top)
+
+
+def pick_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """(checkpoint file, why it was chosen): a run directory's best.pt, else its newest."""
+    from stallfree.train.checkpoint import BEST, CHECKPOINTS_DIR, resolve_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise PredictError(
+            f"checkpoint {path} does not exist; pass a ckpt-*.pt, a best.pt or a run directory"
+        )
+    if path.is_dir():
+        for best in (path / CHECKPOINTS_DIR / BEST, path / BEST):
+            if best.is_file():
+                return best, "the run's best checkpoint"
+        return resolve_checkpoint(path), "the run's newest checkpoint (no best.pt)"
+    return resolve_checkpoint(path), "as given"
+
+
+def image_paths(inputs: list[str]) -> list[str]:
+    """Files as given (whatever their extension), folders walked for image files, sorted."""
+    from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+
+    found: list[str] = []
+    for item in inputs:
+        if not os.path.isdir(item):
+            found.append(item)  # a missing file is reported with the other failures
+            continue
+        for folder, dirs, files in os.walk(item):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found += [
+                os.path.join(folder, f)
+                for f in sorted(files)
+                if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS
+            ]
+    return found
+
+
+class Predictor:
+    """A checkpoint's model with its recipe's val transform and class names, on a device."""
+
+    def __init__(self, checkpoint: str | Path, device: Any, *, ema: bool = False) -> None:
+        import torch
+
+        from stallfree.models import build_model
+        from stallfree.recipe import recipe_from_dict
+        from stallfree.train.checkpoint import load_checkpoint
+        from stallfree.train.export import checkpoint_num_classes, class_names
+
+        self.path = Path(checkpoint)
+        state = load_checkpoint(self.path)
+        if "recipe" not in state:
+            raise PredictError(f"{self.path} holds no recipe: not a stallfree checkpoint or best.pt")
+        if ema and "ema" not in state:
+            raise PredictError(f"{self.path} holds no EMA weights (train.ema_decay was 0); drop --ema")
+        self.recipe = recipe_from_dict(state["recipe"])
+        count = checkpoint_num_classes(state)
+        self.class_names = class_names(state, count)
+        # The checkpoint holds every weight: nothing to download or initialise from.
+        config = dataclasses.replace(self.recipe.model, init_from="")
+        model = build_model(config, count, load_pretrained=False)
+        model.load_state_dict(state["ema"]["module"] if ema else state["model"])
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+
+    def predict(self, paths: list[str], top_k: int, batch_size: int) -> Iterator[Prediction]:
+        """Each path's Prediction, in order; decoded in threads, a batch at a time."""
+        import torch
+
+        from stallfree.data.backends.prefetch import Normaliser
+
+        aug = self.recipe.augment
+        normalise = Normaliser(aug.mean, aug.std, torch.float32, channels_last=False, device=self.device)
+        k = min(top_k, len(self.class_names))
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            for start in range(0, len(paths), batch_size):
+                chunk = paths[start : start + batch_size]
+                decoded = list(pool.map(self._decode, chunk))
+                good = [(p, px) for p, px in zip(chunk, decoded, strict=True) if not isinstance(px, str)]
+                top = self._top(normalise, [px for _, px in good], k) if good else []
+                results = {p: dataclasses.replace(r, path=p) for (p, _), r in zip(good, top, strict=True)}
+                for path, pixels in zip(chunk, decoded, strict=True):
+                    yield Prediction(path, error=pixels) if isinstance(pixels, str) else results[path]
+
+    def _decode(self, path: str) -> Any:
+        """uint8 HWC pixels, as the val loader makes them; or the one-line reason it failed."""
+        from stallfree.data.readers.imageio import BadImageError
+        from stallfree.data.transforms.augment import val_transform
+
+        aug = self.recipe.augment
+        try:
+            return val_transform(path, aug.at_size(aug.val_size), 0, self.recipe.data.max_pixels)
+        except BadImageError as exc:
+            return exc.reason or str(exc)
+        except OSError as exc:  # missing, unreadable: named like a bad image
+            return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+    def _top(self, normalise: Any, pixels: list[Any], k: int) -> list[Prediction]:
+        import numpy as np
+        import torch
+
+        batch = torch.from_numpy(np.stack(pixels)).to(self.device)
+        with torch.inference_mode():
+            probs = self.model(normalise(batch)).float().softmax(dim=1)
+        values, indices = probs.topk(k, dim=1)
+        return [
+            Prediction("", [(self.class_names[i], float(v)) for v, i in zip(vs, ids, strict=True)])
+            for vs, ids in zip(values.tolist(), indices.tolist(), strict=True)
+        ]
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Run `stallfree predict`; 0 when every image was predicted."""
+    from stallfree.log import LOGGER
+    from stallfree.parallel import DistInfo
+    from stallfree.train.distributed import resolve_device
+
+    if args.top_k < 1 or args.batch_size < 1:
+        raise PredictError("--top-k and --batch-size must be at least 1")
+    path, why = pick_checkpoint(args.checkpoint)
+    LOGGER.info(f"predicting with {path} ({why})")
+    predictor = Predictor(path, resolve_device(args.device, DistInfo()), ema=args.ema)
+    failed = 0
+    for result in predictor.predict(image_paths(args.inputs), args.top_k, args.batch_size):
+        if result.error:
+            failed += 1
+            if not args.json:
+                LOGGER.error(f"error: {result.path}: {result.error}")
+                continue
+        print(result.as_json() if args.json else result.as_line(), flush=True)
+    if failed:
+        LOGGER.error(f"{failed} input(s) could not be predicted (named above)")
+    return SOME_FAILED_EXIT_CODE if failed else 0
