@@ -26,10 +26,37 @@ if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
+# End-to-end modules: they train runs, start CLI subprocesses, torchrun or Slurm jobs. Every
+# test in them is marked `e2e`, as is any test marked `slow`; `pytest -m "not e2e"` runs the rest
+# (unit tests, under a minute). A test elsewhere may carry @pytest.mark.e2e itself.
+_E2E_MODULES = {
+    "test_auto",
+    "test_bench",
+    "test_checkpoint",
+    "test_cluster",
+    "test_docker",
+    "test_doctor",
+    "test_eval",
+    "test_integrity",
+    "test_modern",
+    "test_pillow_corpus",
+    "test_predict",
+    "test_progressive",
+    "test_run",
+    "test_slurm",
+    "test_tar",
+    "test_tar_integrity",
+    "test_trackers",
+    "test_trainer",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     skip_dali = pytest.mark.skip(reason="needs nvidia-dali (pip install -e '.[dali]')")
     for item in items:
+        if item.path.stem in _E2E_MODULES or "slow" in item.keywords:
+            item.add_marker(pytest.mark.e2e)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
         if "dali" in item.keywords and not HAS_DALI:
