@@ -74,3 +74,22 @@ def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         gray_every=4,
         progress=False,
     )
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A SeaweedFS S3 server on loopback for the session; the standard AWS_* variables point
+    this process and its children at it (restored at the end)."""
+    from s3_server import Server, need_weed
+
+    server = Server(need_weed(), tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    server.kill()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

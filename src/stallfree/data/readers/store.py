@@ -1,0 +1,265 @@
+"""Object-store reads: `s3://bucket/key` URLs (AWS S3 or any S3-compatible store).
+
+Why boto3/botocore: it is the reference client, everywhere already (AWS images, the NVIDIA
+container's pip), it takes credentials from the standard chain (environment, ~/.aws, SSO,
+instance and pod roles) and the endpoint from the standard `AWS_ENDPOINT_URL` /
+`AWS_ENDPOINT_URL_S3` (botocore >= 1.31), signs requests itself, does byte-range GETs, and its
+"standard" retry mode retries what is transient (timeouts, connection resets, 5xx, throttling)
+with exponential backoff and full jitter. fsspec+s3fs adds an async layer over the same
+botocore; obstore is faster per request but young. A GET's latency, not the client's CPU, is
+what a loader waits on, and the loaders keep several in flight (see data/backends).
+
+One client per process, made on first use: a client must not cross a fork (its connection
+pool's sockets would be shared by the DataLoader workers), so the pid is part of its key.
+Credentials are never read here: botocore finds them, and nothing here prints, logs or writes
+them. Errors name the URL and the reason in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from stallfree.errors import StallfreeError
+
+SCHEME = "s3://"
+# The endpoint of a data.endpoint_url key travels to every process (DataLoader workers, DALI's,
+# spawned or forked) through botocore's own service-specific variable.
+ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
+# Attempts per request (the first one included). With botocore's standard mode the waits are
+# random in [0, 2^n) s, capped at 20 s: ten attempts ride out a store restart of ~1 minute.
+ATTEMPTS_ENV = "STALLFREE_S3_MAX_ATTEMPTS"
+DEFAULT_ATTEMPTS = 10
+
+_lock = threading.Lock()
+_clients: dict[int, Any] = {}
+_retries = [0]  # requests retried in this process (a list: updated from reader threads)
+
+
+class StoreError(StallfreeError):
+    """An object-store URL that cannot be read; the message names the URL and the reason."""
+
+    hint = (
+        "check the URL, the endpoint (AWS_ENDPOINT_URL or data.endpoint_url) and the "
+        "credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, or a role)"
+    )
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is an object-store URL rather than a local path."""
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(bucket, key) of `s3://bucket/key`."""
+    bucket, _, key = url[len(SCHEME) :].partition("/")
+    if not bucket:
+        raise StoreError(f"{url}: no bucket name; expected s3://BUCKET/PREFIX")
+    return bucket, key
+
+
+def join(base: str, *parts: str) -> str:
+    """`base/part/...` for a URL or a local path, without doubled slashes."""
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def configure(endpoint_url: str = "") -> None:
+    """Use `endpoint_url` (data.endpoint_url) in this process and the ones it starts."""
+    if endpoint_url:
+        os.environ[ENDPOINT_ENV] = endpoint_url
+        _clients.clear()
+
+
+def client() -> Any:
+    """This process's S3 client (made on first use, and again after a fork)."""
+    pid = os.getpid()
+    found = _clients.get(pid)
+    if found is not None:
+        return found
+    with _lock:
+        if pid not in _clients:
+            _clients.clear()  # a parent's client, inherited through fork: never used here
+            _clients[pid] = _make_client()
+        return _clients[pid]
+
+
+def _make_client() -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:
+        raise StoreError(
+            "s3:// roots need boto3: pip install 'stallfree[s3]' (or pip install boto3)"
+        ) from exc
+    attempts = int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
+    config = Config(
+        retries={"mode": "standard", "max_attempts": attempts},
+        connect_timeout=5,
+        read_timeout=30,
+        max_pool_connections=64,  # the loaders keep many reads in flight per process
+    )
+    # A session of its own: boto3's default one is not safe to share across threads.
+    return boto3.session.Session().client("s3", config=config)
+
+
+def retries() -> int:
+    """Requests retried by this process so far (transient errors that a retry then served)."""
+    return _retries[0]
+
+
+def _count(response: dict[str, Any]) -> dict[str, Any]:
+    attempts = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+    if attempts:
+        with _lock:
+            _retries[0] += attempts
+    return response
+
+
+def _reason(exc: BaseException) -> str:
+    """The store's reason in a few words (never the request's headers or credentials)."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        words = {
+            "NoSuchBucket": "no such bucket",
+            "NoSuchKey": "no such object",
+            "404": "no such object or bucket",
+            "403": "access denied (wrong credentials, or no read permission)",
+            "AccessDenied": "access denied (no read permission)",
+            "InvalidAccessKeyId": "the access key is not known to the store (wrong credentials)",
+            "SignatureDoesNotMatch": "the secret key does not match (wrong credentials)",
+        }
+        return words.get(str(code), f"{code}: {error.get('Message', '')}".strip(": "))
+    if isinstance(exc, NoCredentialsError):
+        return "no credentials found (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, or a role)"
+    if isinstance(exc, BotoCoreError):
+        return str(exc).splitlines()[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _call(url: str, fn: str, **kwargs: Any) -> dict[str, Any]:
+    """One client call; a failure left after botocore's retries becomes a StoreError."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return _count(getattr(client(), fn)(**kwargs))
+    except (BotoCoreError, ClientError) as exc:
+        raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
+
+
+def _body(url: str, response: dict[str, Any]) -> bytes:
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return response["Body"].read()
+    except (BotoCoreError, OSError) as exc:
+        raise StoreError(f"{url}: the read broke off ({_reason(exc)})") from None
+
+
+def read(url: str, limit: int | None = None) -> bytes:
+    """The object's bytes (at most `limit`)."""
+    bucket, key = split_url(url)
+    extra = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
+    for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
+        try:
+            return _body(url, _call(url, "get_object", Bucket=bucket, Key=key, **extra))
+        except StoreError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def read_range(url: str, start: int, length: int) -> bytes:
+    """`length` bytes of the object from byte `start` (one ranged GET)."""
+    if length <= 0:
+        return b""
+    bucket, key = split_url(url)
+    span = f"bytes={start}-{start + length - 1}"
+    for attempt in range(3):
+        try:
+            return _body(url, _call(url, "get_object", Bucket=bucket, Key=key, Range=span))
+        except StoreError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def size(url: str) -> int:
+    """The object's size in bytes (a HEAD request)."""
+    bucket, key = split_url(url)
+    return int(_call(url, "head_object", Bucket=bucket, Key=key)["ContentLength"])
+
+
+def exists(url: str) -> bool:
+    """Whether an object is at `url` (other errors, such as wrong credentials, raise)."""
+    try:
+        size(url)
+    except StoreError as exc:
+        if "no such" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _pages(url: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
+    """list_objects_v2 pages under `url` (a prefix), following continuation tokens."""
+    bucket, key = split_url(url)
+    token: dict[str, str] = {}
+    while True:
+        page = _call(url, "list_objects_v2", Bucket=bucket, Prefix=key, **kwargs, **token)
+        yield page
+        if not page.get("IsTruncated"):
+            return
+        token = {"ContinuationToken": page["NextContinuationToken"]}
+
+
+def list_dirs(url: str) -> list[str]:
+    """The names of the "folders" (common prefixes) right under `url`, sorted."""
+    base = url.rstrip("/") + "/"
+    cut = len(split_url(base)[1])
+    pages = _pages(base, Delimiter="/")
+    return sorted(p["Prefix"][cut:].rstrip("/") for page in pages for p in page.get("CommonPrefixes", ()))
+
+
+def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
+    """Every object under the "folder" `url`: ([(name relative to it, size)], digest of the
+    names, sizes and ETags: what changes when an object is added, replaced or removed)."""
+    base = url.rstrip("/") + "/"
+    cut = len(split_url(base)[1])
+    out: list[tuple[str, int]] = []
+    digest = hashlib.sha256()
+    for page in _pages(base):
+        for obj in page.get("Contents", ()):
+            out.append((obj["Key"][cut:], int(obj["Size"])))
+            digest.update(f"{obj['Key']}\0{obj['Size']}\0{obj.get('ETag', '')}\n".encode())
+    return out, digest.hexdigest()
+
+
+def list_many(urls: list[str], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
+    """`list_prefix` of each URL (class prefixes, say), `threads` listings in flight."""
+    if len(urls) <= 1:
+        return [list_prefix(u) for u in urls]
+    with ThreadPoolExecutor(min(threads, len(urls))) as pool:
+        return list(pool.map(list_prefix, urls))
+
+
+def check_readable(url: str) -> None:
+    """At start: the bucket exists, the credentials work and something is under `url`; else a
+    StoreError naming the URL and the reason, before anything is written."""
+    bucket, key = split_url(url)
+    try:
+        _call(url, "head_bucket", Bucket=bucket)
+    except StoreError as exc:
+        if "no such" in str(exc):  # HEAD has no body: a 404 on a bucket is the bucket
+            raise StoreError(f"{url}: no such bucket {bucket!r}") from None
+        raise
+    prefix = key.rstrip("/") + "/" if key else ""
+    page = _call(url, "list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    if not page.get("KeyCount"):
+        raise StoreError(f"{url}: no objects under this prefix (a wrong path?)")

