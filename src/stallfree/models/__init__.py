@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -130,6 +130,7 @@ def _plugin(
         ) from exc
     except AttributeError as exc:
         raise ModelError(f"{where}: {module_name} has no {attr!r}") from exc
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):

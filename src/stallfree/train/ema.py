@@ -43,7 +43,7 @@ class ModelEma:
         """Fold in `model`'s weights (call after an optimizer step)."""
         decay = self.current_decay()
         source = unwrap(model)
-        ema_params = list(self.module.parameters())
+        ema_params: list[torch.Tensor] = list(self.module.parameters())
         torch._foreach_lerp_(ema_params, [p.detach() for p in source.parameters()], 1.0 - decay)
         for ema_buffer, buffer in zip(self.module.buffers(), source.buffers()):
             ema_buffer.copy_(buffer)

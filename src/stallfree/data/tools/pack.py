@@ -181,7 +181,7 @@ def _staging(out: Path) -> Path:
 def staging_leftovers(out: Path) -> list[tuple[Path, str | None]]:
     """Staging folders of earlier packs into OUT (beside it), each with who may still be
     writing it ("process N on HOST"), or None when that process is gone (a killed pack)."""
-    found = []
+    found: list[tuple[Path, str | None]] = []
     for folder in sorted(out.absolute().parent.glob(f".{glob.escape(out.name)}.packing-*")):
         pid, _, host = folder.name.rpartition(".packing-")[2].rpartition("-")[0].partition("@")
         if not (pid.isdigit() and host):  # an older pack's: no owner to ask
