@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 # tb: TensorBoard's tb/ in every run directory (tensorboard, grpcio, its data server: ~50 MB installed).
 EXTRAS ?= test,plot,dali,fast,track,tb,s3
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(STAMP): pyproject.toml Makefile  # a new extra here reaches an existing .venv
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,6 +42,12 @@ demo: $(STAMP) $(DEMO)/.complete
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
+# What tests/test_style.py checks, alone and in seconds (.pre-commit-config.yaml runs the same).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(DEMO) runs
