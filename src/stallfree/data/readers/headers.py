@@ -40,7 +40,7 @@ def tiff_ifds_loop(fp: BinaryIO) -> bool:
     fp.seek(0)
     head = fp.read(8)
     order = "<" if head[:2] == b"II" else ">"
-    offset, seen = struct.unpack(order + "I", head[4:8])[0], set()
+    offset, seen = struct.unpack(order + "I", head[4:8])[0], set[int]()
     while offset and offset not in seen and len(seen) < 1024:
         seen.add(offset)
         fp.seek(offset)
