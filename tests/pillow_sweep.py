@@ -58,7 +58,7 @@ def sweep(paths: list[str]) -> None:
             continue
         try:  # the torch loader: the full decode (data check's) and the val transform
             record["torch"] = list(np.asarray(open_rgb(path)).shape)
-            val_transform(path, aug)
+            val_transform(path, aug, 32)
         except BadImageError as exc:
             record["torch"] = str(exc)
         data = np.frombuffer(read_bytes(path), dtype=np.uint8)

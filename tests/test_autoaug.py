@@ -119,7 +119,7 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
     """The same image through each loader's policy 384 times: how far the outputs move from
     the input (mean absolute change) and their mean level follow one distribution (KS test at
     a 0.1% false-alarm rate), and each draws a fresh operation per image."""
-    from stallfree.data.backends.dali_backend import _auto_augment
+    from stallfree.data.backends.dali_graph import _auto_augment
 
     image = _images(image_root, 1)[0]
     aug = small_recipe(image_root, augment={"auto_augment": policy}).augment

@@ -27,7 +27,8 @@ from stallfree.data.readers.imageio import (
 from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.recipe import AugmentConfig
 
-AUG = AugmentConfig(image_size=48, resize_size=56)
+SIDE = 48  # the crop side the transforms are given
+AUG = AugmentConfig(image_size=SIDE, resize_size=56)
 _Y, _X = np.mgrid[0:64, 0:256]
 
 
@@ -123,7 +124,7 @@ PIXEL_KINDS = [
 @pytest.mark.parametrize("kind", PIXEL_KINDS)
 def test_torch_val_pixels_match_dali(tmp_path: Path, kind: str) -> None:
     path = _write_kind(tmp_path, kind)
-    torch_val = val_transform(str(path), AUG).astype(float)
+    torch_val = val_transform(str(path), AUG, SIDE).astype(float)
     (dali_val,) = _dali([path], AUG)
     assert torch_val.shape == dali_val.shape == (48, 48, 3)
     diff = np.abs(torch_val - dali_val).mean()
@@ -147,7 +148,7 @@ def test_decoded_pixels_match_dali_to_one_level(tmp_path: Path, kind: str) -> No
 def test_16_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
     # PIL's convert("RGB") clips 16-bit values at 255: a mid-grey ramp came out all white.
     path = _write_kind(tmp_path, "gray16_png")
-    pixels = val_transform(str(path), AUG)
+    pixels = val_transform(str(path), AUG, SIDE)
     assert pixels.dtype == np.uint8 and pixels.shape == (48, 48, 3)
     assert 100 < pixels.mean() < 156, pixels.mean()
     row = np.asarray(open_rgb(str(path)))[0, :, 0].astype(int)
@@ -283,7 +284,7 @@ def test_pixel_kinds_that_the_backends_do_not_share_are_refused(tmp_path: Path, 
     with pytest.raises(BadImageError, match=re.escape(REFUSED[kind])):
         check_header(str(path))
     with pytest.raises(BadImageError, match=re.escape(REFUSED[kind])):
-        val_transform(str(path), AUG)
+        val_transform(str(path), AUG, SIDE)
 
 
 @pytest.mark.dali
@@ -330,7 +331,7 @@ def test_text_named_jpg(tmp_path: Path) -> None:
     with pytest.raises(BadImageError, match="not an image PIL can identify"):
         check_header(str(path))
     with pytest.raises(BadImageError, match="not an image PIL can identify"):
-        train_transform(str(path), AUG, seed=0)
+        train_transform(str(path), AUG, SIDE, seed=0)
 
 
 def test_gif_is_refused_by_name(tmp_path: Path) -> None:
@@ -354,7 +355,7 @@ def test_decompression_bomb_header_is_refused_before_decoding(tmp_path: Path) ->
     peak_before = _peak_rss_mib()
     for transform in (val_transform, train_transform):
         with pytest.raises(BadImageError) as info:
-            transform(str(path), AUG, 0)
+            transform(str(path), AUG, SIDE, 0)
         assert str(info.value) == expected
     # A decode would have allocated 30000 x 30000 x 3 bytes (2.5 GiB) before failing.
     assert _peak_rss_mib() - peak_before < 256
@@ -367,8 +368,8 @@ def test_max_pixels_override(tmp_path: Path) -> None:
     small = _write_format(tmp_path, "PNG")  # 256 x 64 = 16384 pixels
     over = r"256x64 = 16384 pixels is over data.max_pixels \(16000\)"
     with pytest.raises(BadImageError, match=over):
-        val_transform(str(small), AUG, max_pixels=16_000)
-    assert val_transform(str(small), AUG, max_pixels=16_384).shape == (48, 48, 3)
+        val_transform(str(small), AUG, SIDE, max_pixels=16_000)
+    assert val_transform(str(small), AUG, SIDE, max_pixels=16_384).shape == (48, 48, 3)
 
 
 def test_a_raised_max_pixels_is_not_refused_again_by_pil(
@@ -390,8 +391,8 @@ def test_truncated_jpeg_passes_the_header_check_but_not_the_decode(tmp_path: Pat
     assert check_header(str(path)) == (256, 64)
     for decode in (
         lambda: open_rgb(str(path)),
-        lambda: val_transform(str(path), AUG),
-        lambda: train_transform(str(path), AUG, 0),
+        lambda: val_transform(str(path), AUG, SIDE),
+        lambda: train_transform(str(path), AUG, SIDE, 0),
     ):
         with pytest.raises(BadImageError) as info:
             decode()

@@ -20,7 +20,8 @@ from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.recipe import AugmentConfig
 
 pytest.importorskip("simplejpeg")
-AUG = AugmentConfig(image_size=64, resize_size=72)
+SIDE = 64  # AUG's crop side, given to the transforms
+AUG = AugmentConfig(image_size=SIDE, resize_size=72)
 FULL_SCALE = AugmentConfig(image_size=200, resize_size=220)
 
 
@@ -79,11 +80,11 @@ def test_fast_and_pil_paths_agree(tmp_path: Path, kind: str, monkeypatch: pytest
         monkeypatch=monkeypatch,
     )
     assert np.array_equal(fast, slow)
-    fast, slow = _both(val_transform, path, AUG, monkeypatch=monkeypatch)
+    fast, slow = _both(val_transform, path, AUG, SIDE, monkeypatch=monkeypatch)
     assert fast.shape == slow.shape == (64, 64, 3) and np.abs(fast - slow).max() <= 1
     # A crop at full scale (the output is too big for a DCT-scaled decode), here upsampled:
     # torch and PIL round a few edge pixels differently (measured: 0.1% of them, by <= 4).
-    fast, slow = _both(train_transform, path, FULL_SCALE, 7, monkeypatch=monkeypatch)
+    fast, slow = _both(train_transform, path, FULL_SCALE, 200, 7, monkeypatch=monkeypatch)
     assert fast.shape == slow.shape and np.abs(fast - slow).mean() < 0.05
 
 
@@ -97,7 +98,7 @@ def test_a_dct_scaled_crop_matches_pil_draft(tmp_path: Path, monkeypatch: pytest
     assert decode.jpeg_reduction(opened, 250, 189) == 4
     small = AugmentConfig(image_size=32, resize_size=36, scale=[0.9, 1.0])
     for seed in range(4):
-        fast, slow = _both(train_transform, path, small, seed, monkeypatch=monkeypatch)
+        fast, slow = _both(train_transform, path, small, 32, seed, monkeypatch=monkeypatch)
         assert np.abs(fast - slow).mean() < 1.0, seed
 
 
@@ -117,7 +118,7 @@ def test_files_the_fast_path_cannot_take_go_to_pil(
         image.save(path, "PNG")
     opened = decode.open_image(str(path), 10**9)
     assert opened.data is None and opened.img is not None
-    fast, slow = _both(val_transform, path, AUG, monkeypatch=monkeypatch)
+    fast, slow = _both(val_transform, path, AUG, SIDE, monkeypatch=monkeypatch)
     assert np.array_equal(fast, slow)
     if kind == "exif_rotated":
         assert (opened.width, opened.height) == (240, 320)
@@ -133,13 +134,13 @@ def test_broken_jpegs_are_named_by_either_path(tmp_path: Path, monkeypatch: pyte
             if not use_fast:
                 m.setattr(decode, "simplejpeg", None)
             with pytest.raises(BadImageError, match="truncated.jpg"):
-                val_transform(str(truncated), AUG)
+                val_transform(str(truncated), AUG, SIDE)
 
 
 def test_the_pixel_limit_holds_on_the_fast_path(tmp_path: Path) -> None:
     path = _jpeg(tmp_path, "limit", _photo())
     with pytest.raises(BadImageError, match="max_pixels"):
-        train_transform(str(path), AUG, 0, max_pixels=320 * 240 - 1)
+        train_transform(str(path), AUG, SIDE, 0, max_pixels=320 * 240 - 1)
 
 
 def _exif_in_comment(tmp_path: Path) -> Path:
@@ -154,7 +155,7 @@ def test_exif_orientation_is_read_from_app1_only(tmp_path: Path, monkeypatch: py
     path = _exif_in_comment(tmp_path)
     opened = decode.open_image(str(path), 10**9)
     assert (opened.width, opened.height) == (72, 96)  # rotated, as PIL sees it
-    fast, slow = _both(val_transform, path, AUG, monkeypatch=monkeypatch)
+    fast, slow = _both(val_transform, path, AUG, SIDE, monkeypatch=monkeypatch)
     assert np.abs(fast - slow).mean() <= 2, np.abs(fast - slow).mean()
 
 
@@ -164,5 +165,5 @@ def test_exif_orientation_from_app1_matches_dali(tmp_path: Path) -> None:
 
     path = _exif_in_comment(tmp_path)
     (dali,) = _dali([path], AUG)
-    fast = val_transform(str(path), AUG).astype(int)
+    fast = val_transform(str(path), AUG, SIDE).astype(int)
     assert np.abs(fast - dali.astype(int)).mean() <= 2, np.abs(fast - dali.astype(int)).mean()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from helpers import small_recipe
 
 from stallfree.data.loader import build_loader
+from stallfree.recipe import AugmentConfig
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
@@ -82,3 +85,33 @@ def test_the_ffcv_recipe_trains_a_step_at_each_size(image_root: Path) -> None:
     assert next(iter(val)).images.shape[-1] == 48
     val.close()
     loader.close()
+
+
+def _transforms() -> list[Any]:
+    from stallfree.data.backends.naive import naive_train, naive_val
+    from stallfree.data.transforms.augment import train_transform, val_transform
+
+    return [train_transform, val_transform, naive_train, naive_val]
+
+
+@pytest.mark.parametrize("index", range(4), ids=["train", "val", "naive_train", "naive_val"])
+def test_transforms_crop_to_the_side_they_are_given(tmp_path: Path, index: int) -> None:
+    """augment.image_size is the schedule only: a transform is given this epoch's side as an int
+    (here one the schedule never names) and crops to it, whatever the schedule says."""
+    from PIL import Image
+
+    path = tmp_path / "a.jpg"
+    Image.new("RGB", (64, 56), (200, 40, 90)).save(path)
+    aug = AugmentConfig(image_size=[[0, 32], [1, 48]], resize_size=44)
+    out = _transforms()[index](str(path), aug, 40, 7)
+    assert sorted(out.shape) == [3, 40, 40]
+
+
+def test_one_crop_size_per_epoch_on_the_spec() -> None:
+    """One name, one meaning: the loader spec answers `crop_size(epoch)`; no loader carries a
+    second crop_size with other arguments."""
+    from stallfree.data.backends.torch_backend import TorchLoader
+    from stallfree.data.loader import LoaderSpec
+
+    assert list(inspect.signature(LoaderSpec.crop_size).parameters) == ["self", "epoch"]
+    assert not hasattr(TorchLoader, "crop_size")

@@ -160,7 +160,7 @@ class Predictor:
 
         aug = self.recipe.augment
         try:
-            return val_transform(path, aug.at_size(aug.val_size), 0, self.recipe.data.max_pixels)
+            return val_transform(path, aug, aug.val_size, 0, self.recipe.data.max_pixels)
         except BadImageError as exc:
             return exc.reason or str(exc)
         except OSError as exc:  # missing, unreadable: named like a bad image

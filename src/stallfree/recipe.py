@@ -47,8 +47,9 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class AugmentConfig:
-    # The train crop's side, or a schedule of [epoch, size] pairs, each size from its epoch on
-    # (progressive resizing, e.g. [[0, 160], [12, 192]]; the first pair's epoch is 0).
+    # The train crops' schedule: one side for every epoch, or [epoch, size] pairs, each size
+    # from its epoch on (progressive resizing, e.g. [[0, 160], [12, 192]]; the first pair's
+    # epoch is 0). Only a schedule: one epoch's side is LoaderSpec.crop_size(epoch).
     image_size: int | list[list[int]] = field(default=224, metadata=at_least(1))
     resize_size: int = field(default=256, metadata=at_least(1))  # val: the shorter side first
     val_image_size: int = field(default=0, metadata=at_least(0))  # 0: the last train size
@@ -92,10 +93,6 @@ class AugmentConfig:
         """The val crop's side: val_image_size, else the last train size (test-time resolution
         above the train one is FFCV's and FixRes's trick: the train crops' objects look larger)."""
         return self.val_image_size or self.sizes()[-1]
-
-    def at_size(self, size: int) -> AugmentConfig:
-        """This spec with one fixed crop side, what a transform of one epoch uses."""
-        return dataclasses.replace(self, image_size=size)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -36,18 +36,18 @@ def _paths(recipe: Recipe) -> dict[str, Transform]:
     import stallfree.data.transforms.decode as decode
     from stallfree.data.transforms.augment import train_transform
 
-    aug = recipe.augment.at_size(recipe.augment.size_at(0))  # the bench times one size
+    aug, side = recipe.augment, recipe.augment.size_at(0)  # the bench times one size
 
     def pil(path: str, seed: int) -> np.ndarray:
         saved, decode.simplejpeg = decode.simplejpeg, None
         try:
-            return train_transform(path, aug, seed)
+            return train_transform(path, aug, side, seed)
         finally:
             decode.simplejpeg = saved
 
     paths: dict[str, Transform] = {"pil": pil}
     if decode.simplejpeg is not None:
-        paths["fast"] = lambda path, seed: train_transform(path, aug, seed)
+        paths["fast"] = lambda path, seed: train_transform(path, aug, side, seed)
     try:
         import torchvision
         from torchvision.transforms import v2
@@ -55,9 +55,7 @@ def _paths(recipe: Recipe) -> dict[str, Transform]:
         return paths
     crop = v2.Compose(
         [
-            v2.RandomResizedCrop(
-                aug.size_at(0), scale=tuple(aug.scale), ratio=tuple(aug.ratio), antialias=True
-            ),
+            v2.RandomResizedCrop(side, scale=tuple(aug.scale), ratio=tuple(aug.ratio), antialias=True),
             v2.RandomHorizontalFlip(aug.hflip),
         ]
     )

@@ -32,22 +32,23 @@ def _to_normalised_tensor(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tenso
 
 
 def naive_train(
-    path: str, aug: AugmentConfig, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str, aug: AugmentConfig, side: int, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> torch.Tensor:
     """Decode the whole image, then RandomResizedCrop, flip, ToTensor, Normalize."""
     rng = random.Random(seed)
     img = open_rgb(path, max_pixels)
     left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, rng)
-    img = img.crop((left, top, left + w, top + h)).resize((aug.image_size,) * 2, Image.BILINEAR)
+    img = img.crop((left, top, left + w, top + h)).resize((side, side), Image.BILINEAR)
     if rng.random() < aug.hflip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return _to_normalised_tensor(np.asarray(img), aug)
 
 
 def naive_val(
-    path: str, aug: AugmentConfig, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str, aug: AugmentConfig, side: int, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> torch.Tensor:
-    return _to_normalised_tensor(val_transform(path, aug, seed, max_pixels), aug)
+    """The torch backend's val transform, then ToTensor, Normalize."""
+    return _to_normalised_tensor(val_transform(path, aug, side, seed, max_pixels), aug)
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -31,8 +31,9 @@ from stallfree.recipe import AugmentConfig, TorchLoaderConfig
 # torch's advice to use fewer than the CPUs it counts is noise in either case.
 warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
-# (path, augmentation spec, per-sample seed, max pixels) -> one decoded, augmented sample
-Transform = Callable[[str, AugmentConfig, int, int], Any]
+# (path, augmentation spec, this epoch's crop side, per-sample seed, max pixels) -> one
+# decoded, augmented sample
+Transform = Callable[[str, AugmentConfig, int, int, int], Any]
 Collate = Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -44,7 +45,6 @@ class ImageDataset(Dataset):
     def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig, max_pixels: int) -> None:
         # The listing is three objects (data/readers/listing.py): forked workers share it, page for page.
         self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
-        self._at_size: dict[int, AugmentConfig] = {}
 
     def __len__(self) -> int:
         return len(self.listing)
@@ -52,9 +52,8 @@ class ImageDataset(Dataset):
     def __getitem__(self, key: tuple[int, int, int]) -> tuple[Any, int]:
         index, seed, size = key
         path, label = self.listing.path(index), int(self.listing.labels[index])
-        aug = self._at_size.get(size) or self._at_size.setdefault(size, self.aug.at_size(size))
         try:
-            return self.transform(path, aug, seed, self.max_pixels), label
+            return self.transform(path, self.aug, size, seed, self.max_pixels), label
         except BadImageError as exc:
             # Returned, not raised: a raise would reach the user as a worker traceback.
             return BadSample(exc.path, exc.reason), label
@@ -73,7 +72,7 @@ class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
 
     def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         order, base = self.loader.epoch_order()  # once: a permutation is 4 bytes a sample
-        size = self.loader.crop_size()
+        size = self.loader.spec.crop_size(self.loader.epoch)
         for ids in self.loader.plan.batches(order, self.loader.position):
             yield [(i, seed, size) for i, seed in zip(ids.tolist(), sample_seeds(base, ids).tolist())]
 
@@ -169,9 +168,6 @@ class TorchLoader(ShardedLoader):
 
     def __iter__(self) -> Iterator[Batch]:
         return self._counted(self.to_device(self._screen(iter(self.dataloader))))
-
-    def crop_size(self) -> int:
-        return self.spec.crop_size(self.epoch)
 
     def _screen(self, batches: Iterator[Any]) -> Iterator[Any]:
         """A worker's decode failures, in the main process: raise one line naming the file, or

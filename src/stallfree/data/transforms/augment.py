@@ -1,9 +1,11 @@
 """The augmentation spec, implemented for the torch backend (decode and resize: `data/transforms/decode.py`).
 
-Train: RandomResizedCrop(scale, ratio) to image_size, horizontal flip, optional RandAugment or
+Train: RandomResizedCrop(scale, ratio) to `side`, horizontal flip, optional RandAugment or
 TrivialAugmentWide (`data/transforms/policies.py`), optional random erasing (filled with the mean colour),
 (normalise on device).
-Val: resize the shorter side to resize_size, center crop image_size, (normalise on device).
+Val: resize the shorter side to resize_size, center crop `side`, (normalise on device).
+The caller passes `side`, this epoch's (`LoaderSpec.crop_size(epoch)`): augment.image_size is
+the schedule, which a transform never reads.
 Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
 the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val path's sub-pixel
 conventions (long side rounded, crop offset rounded half up) follow DALI's, so that the two
@@ -53,29 +55,28 @@ def random_resized_crop_box(
 
 
 def train_transform(
-    path: str, aug: AugmentConfig, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str, aug: AugmentConfig, side: int, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> np.ndarray:
-    """Decode, random-resized-crop, flip: uint8 HWC array of image_size x image_size.
+    """Decode, random-resized-crop, flip: uint8 HWC array of side x side.
 
     Raises BadImageError (before any pixel is decoded where the header tells) for a file that
     is not an image both backends decode alike, or that has more than `max_pixels` pixels.
     """
     rng = random.Random(seed)
-    size = aug.image_size
     opened = open_image(path, max_pixels)
     full_w, full_h = opened.width, opened.height
     left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip
-    # DCT-scaled decode to the smallest size whose crop still covers `size` pixels on both axes.
-    reduce = jpeg_reduction(opened, math.ceil(full_w * size / crop_w), math.ceil(full_h * size / crop_h))
-    out = decode_resized(opened, (left, top, crop_w, crop_h), size, size, flip=flip, reduce=reduce)
+    # DCT-scaled decode to the smallest size whose crop still covers `side` pixels on both axes.
+    reduce = jpeg_reduction(opened, math.ceil(full_w * side / crop_w), math.ceil(full_h * side / crop_h))
+    out = decode_resized(opened, (left, top, crop_w, crop_h), side, side, flip=flip, reduce=reduce)
     if aug.auto_augment != "none":
         out = auto_augment(
             out, aug.auto_augment, rng, n=aug.randaugment_n, m=aug.randaugment_m, bins=aug.magnitude_bins
         )
     if aug.random_erasing > 0 and rng.random() < aug.random_erasing:
         out = np.array(out)  # PIL's array is read-only
-        top, left, h, w = erasing_box(size, aug, rng)
+        top, left, h, w = erasing_box(side, aug, rng)
         out[top : top + h, left : left + w] = [round(m * 255) for m in aug.mean]
     return out
 
@@ -92,20 +93,19 @@ def erasing_box(size: int, aug: AugmentConfig, rng: random.Random) -> tuple[int,
 
 
 def val_transform(
-    path: str, aug: AugmentConfig, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str, aug: AugmentConfig, side: int, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> np.ndarray:
-    """Decode, resize the shorter side to resize_size, center crop: uint8 HWC array.
+    """Decode, resize the shorter side to resize_size, center crop side x side: uint8 HWC array.
 
     Raises BadImageError like `train_transform`.
     """
     opened = open_image(path, max_pixels)
     new_w, new_h = resized_shape(opened.width, opened.height, aug.resize_size)
     resized = decode_resized(opened, (0, 0, opened.width, opened.height), new_w, new_h)
-    size = aug.image_size
     # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).
-    left = math.floor((new_w - size) / 2 + 0.5)
-    top = math.floor((new_h - size) / 2 + 0.5)
-    return np.ascontiguousarray(resized[top : top + size, left : left + size])
+    left = math.floor((new_w - side) / 2 + 0.5)
+    top = math.floor((new_h - side) / 2 + 0.5)
+    return np.ascontiguousarray(resized[top : top + side, left : left + side])
 
 
 def resized_shape(width: int, height: int, short: int) -> tuple[int, int]:
