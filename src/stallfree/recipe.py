@@ -187,6 +187,9 @@ class LoaderConfig:
     # synthetic-decode: the pipeline that decodes the in-memory files ("auto": as --loader auto)
     synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
     prefetch: int = field(default=2, metadata=at_least(1))  # batches queued ahead
+    # Files read at once per torch worker, or by the dali source's reader pool: on network or
+    # object storage every read waits milliseconds, so many must be in flight (issue 27).
+    io_depth: int = field(default=16, metadata=at_least(1))
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
     # A module:function backend's own keys, checked against the dataclass it declares

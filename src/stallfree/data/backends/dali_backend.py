@@ -17,9 +17,11 @@ decoded one by one to name the file.
 from __future__ import annotations
 
 import itertools
+import time
 import warnings
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header
+from stallfree.data.readers.inflight import ReaderPool, read_ahead
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError, some_of
@@ -79,6 +82,11 @@ class DaliLoader(ShardedLoader):
         # whose every file was skipped, which DALI (no empty batches) never sees.
         self._fed: deque[int] = deque()
         self._routing = False  # fd 2 routed (NATIVE_STDERR) until close()
+        # DALI calls the source on the training thread: the files are read (and their headers
+        # checked) by this pool, loader.io_depth at a time, the next batches ahead.
+        self._readers = ReaderPool(spec.loader.io_depth)
+        # Time the training thread spent inside the source, and the batches it handed over.
+        self.source_s, self.source_batches = 0.0, 0
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
@@ -119,30 +127,47 @@ class DaliLoader(ShardedLoader):
         assert listing is not None
         self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
         side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
-        for ids in self.plan.batches(self.epoch_order()[0], self._feed_start):
-            ids = self._listing_ids(ids)
+        plan = (
+            list(zip(listing.paths(ids), listing.labels[ids].tolist()))
+            for ids in map(self._listing_ids, self.plan.batches(self.epoch_order()[0], self._feed_start))
+        )
+        ahead = max(1, self.spec.loader.prefetch)  # as many batches as DALI queues
+        started = time.perf_counter()
+        for items, reads in read_ahead(plan, self._read, self._readers.get(), ahead):
             kept = [
                 (data, np.array([label], dtype=np.int64))
-                for path, label in zip(listing.paths(ids), listing.labels[ids].tolist())
-                if (data := self._screened(path)) is not None
+                for (_, label), read in zip(items, reads)
+                if (data := self._screened(read)) is not None
             ]
             images, labels = [k[0] for k in kept], [k[1] for k in kept]
             self._fed.append(len(kept))
             if images:
+                self.source_s += time.perf_counter() - started
+                self.source_batches += 1
                 yield images, labels, [side] * len(images)
+                started = time.perf_counter()
+        self.source_s += time.perf_counter() - started
 
-    def _screened(self, path: str) -> np.ndarray | None:
-        """The file's bytes once its header passes; a bad one raises, or (skip) is counted,
-        named and left out of its batch, as the torch backend's decode does. The start-up
-        check's cache cannot see a file rewritten in place, and DALI must never get a bomb."""
+    def _read(self, item: tuple[str, int]) -> tuple[bytes, BadImageError | None]:
+        """On a reader thread: the file's bytes, and what its header check found in them."""
+        path = item[0]
         data = read_bytes(path)
         try:
-            check_header(path, self.spec.max_pixels)
+            check_header(path, self.spec.max_pixels, data=data)
         except BadImageError as exc:
+            return data, exc
+        return data, None
+
+    def _screened(self, read: Future[tuple[bytes, BadImageError | None]]) -> np.ndarray | None:
+        """The file's bytes once its header passed; a bad one raises, or (skip) is counted,
+        named and left out of its batch, as the torch backend's decode does. The start-up
+        check's cache cannot see a file rewritten in place, and DALI must never get a bomb."""
+        data, problem = read.result()  # a read's own error is raised here, at its sample
+        if problem is not None:
             if self.spec.on_error != "skip":
-                raise
+                raise problem
             self.skipped_samples += 1
-            warnings.warn(f"skipped {exc.path}: {exc.reason}", stacklevel=2)
+            warnings.warn(f"skipped {problem.path}: {problem.reason}", stacklevel=2)
             return None
         return np.frombuffer(data, dtype=np.uint8)
 
@@ -293,6 +318,7 @@ class DaliLoader(ShardedLoader):
 
     def close(self) -> None:
         self._close_iterator()
+        self._readers.close()
         if self._routing:
             NATIVE_STDERR.release()
             self._routing = False

@@ -53,10 +53,10 @@ def tiff_ifds_loop(fp: BinaryIO) -> bool:
     return bool(offset)
 
 
-def png_is_animated(path: str) -> bool:
+def png_is_animated(path: str, data: bytes | None = None) -> bool:
     """Whether a PNG has an animation-control chunk (acTL) before its image data: PIL ignores
-    a malformed one, on which DALI fails."""
-    with io.BytesIO(read_bytes(path, 1 << 20)) as f:
+    a malformed one, on which DALI fails. `data`: the file's bytes, already read."""
+    with io.BytesIO(read_bytes(path, 1 << 20) if data is None else data[: 1 << 20]) as f:
         f.seek(8)
         while len(header := f.read(8)) == 8:
             size, kind = struct.unpack(">I", header[:4])[0], header[4:]
@@ -66,13 +66,15 @@ def png_is_animated(path: str) -> bool:
     return False
 
 
-def jpeg_marker_problem(path: str) -> str:
+def jpeg_marker_problem(path: str, data: bytes | None = None) -> str:
     """Walk a JPEG's header segments up to the scan: DALI's parser stops at junk between them,
-    which PIL skips over. "" when every segment starts where the previous one ended."""
-    head = read_bytes(path, 1 << 16)  # headers mostly sit in the first 64 KiB
+    which PIL skips over. "" when every segment starts where the previous one ended. `data`:
+    the file's bytes, already read."""
+    # Headers mostly sit in the first 64 KiB.
+    head = read_bytes(path, 1 << 16) if data is None else data[: 1 << 16]
     problem, end = jpeg_header_walk(head)
     if not problem and end >= len(head) == 1 << 16:  # longer ones: big ICC, XMP or EXIF blocks
-        problem, _ = jpeg_header_walk(read_bytes(path))
+        problem, _ = jpeg_header_walk(read_bytes(path) if data is None else data)
     return problem
 
 
@@ -144,9 +146,10 @@ def jpeg_exif_block(header: bytes) -> bytes | None:
     return None
 
 
-def jpeg2000_truncated(path: str) -> bool:
-    """Whether a JPEG 2000 codestream (raw, or a JP2 file's jp2c box) lacks its end marker."""
-    data = read_bytes(path)
+def jpeg2000_truncated(path: str, data: bytes | None = None) -> bool:
+    """Whether a JPEG 2000 codestream (raw, or a JP2 file's jp2c box) lacks its end marker.
+    `data`: the file's bytes, already read."""
+    data = read_bytes(path) if data is None else data
     pos = 0
     if data[4:8] == b"jP  ":  # a JP2 file: boxes of (size, type); the codestream is in jp2c
         while pos + 8 <= len(data):
@@ -164,9 +167,10 @@ def jpeg2000_truncated(path: str) -> bool:
     return not data.endswith(b"\xff\xd9")
 
 
-def webp_is_lossless(path: str) -> bool:
-    """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk."""
-    with io.BytesIO(read_bytes(path, 1 << 16)) as f:
+def webp_is_lossless(path: str, data: bytes | None = None) -> bool:
+    """Whether the first image chunk of a RIFF/WebP file is VP8L (lossless): a header walk.
+    `data`: the file's bytes, already read."""
+    with io.BytesIO(read_bytes(path, 1 << 16) if data is None else data[: 1 << 16]) as f:
         f.seek(12)  # "RIFF", size, "WEBP"
         while header := f.read(8):
             if len(header) < 8:

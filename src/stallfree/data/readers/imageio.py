@@ -116,22 +116,30 @@ def rules_id() -> str:
     return f"{__version__}+rules{HEADER_RULES}"
 
 
-def _source(path: str) -> str | io.BytesIO:
-    """What PIL opens: the path itself, or a tar member's bytes (never extracted to disk)."""
+def _source(path: str, data: bytes | None = None) -> str | io.BytesIO:
+    """What PIL opens: the bytes already read, the path itself, or a tar member's bytes (never
+    extracted to disk)."""
+    if data is not None:
+        return io.BytesIO(data)
     return io.BytesIO(read_bytes(path)) if MEMBER in path else path
 
 
-def _size(path: str) -> int:
+def _size(path: str, data: bytes | None = None) -> int:
+    if data is not None:
+        return len(data)
     return int(path.rsplit(":", 1)[1]) if MEMBER in path else os.path.getsize(path)
 
 
-def check_header(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+def check_header(
+    path: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, data: bytes | None = None
+) -> tuple[int, int]:
     """Validate a file from its header alone (no pixel decode) and return (width, height).
 
     Raises BadImageError for an empty file, a file PIL cannot identify, a format or pixel mode
-    that the two backends do not decode alike, or more than `max_pixels` pixels.
+    that the two backends do not decode alike, or more than `max_pixels` pixels. `data`: the
+    file's bytes, already read (a reader thread's), which every rule then reads instead of `path`.
     """
-    img = _open_checked(path, max_pixels)
+    img = _open_checked(path, max_pixels, data)
     size = img.size
     img.close()
     return size
@@ -162,12 +170,15 @@ def bad_headers(
     return found
 
 
-def open_lazy(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, int]:
+def open_lazy(
+    path: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, data: bytes | None = None
+) -> tuple[Image.Image, int]:
     """Open a checked image header (pixels not decoded yet) and read its EXIF orientation.
 
-    The caller may `draft()` the image before `decode_rgb`, which decodes it.
+    The caller may `draft()` the image before `decode_rgb`, which decodes it. `data`: as in
+    `check_header`.
     """
-    img = _open_checked(path, max_pixels)
+    img = _open_checked(path, max_pixels, data)
     try:
         exif = img.getexif() if img.format in _EXIF_FORMATS else {}
         orientation = int(exif.get(_ORIENTATION_TAG, 1) or 1)
@@ -214,15 +225,15 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def _open_checked(path: str, max_pixels: int) -> Image.Image:
+def _open_checked(path: str, max_pixels: int, data: bytes | None = None) -> Image.Image:
     """Lazily open `path` and refuse, from the header, what the backends cannot share."""
     try:
         # PIL's own bomb check is lifted so that ours runs, with the size and the setting named.
         with _pil_limit_lifted():
-            img = Image.open(_source(path))
+            img = Image.open(_source(path, data))
     except UnidentifiedImageError as exc:
         # Only on this (rare) path is the size looked at: no extra stat() for every good file.
-        empty = _size(path) == 0
+        empty = _size(path, data) == 0
         reason = "empty file (0 bytes)" if empty else "not an image PIL can identify"
         raise BadImageError(path, reason) from exc
     except OSError as exc:
@@ -232,7 +243,7 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
     except _DECODE_ERRORS as exc:
         raise BadImageError(path, f"unreadable header: {_one_line(exc)}") from exc
     try:
-        _check_opened(img, path, max_pixels)
+        _check_opened(img, path, max_pixels, data)
     except BadImageError:
         img.close()
         raise
@@ -242,7 +253,7 @@ def _open_checked(path: str, max_pixels: int) -> Image.Image:
     return img
 
 
-def _check_opened(img: Image.Image, path: str, max_pixels: int) -> None:
+def _check_opened(img: Image.Image, path: str, max_pixels: int, data: bytes | None = None) -> None:
     """Raise BadImageError if the opened header is not something both backends decode alike."""
     if img.format not in ACCEPTED_FORMATS:
         raise BadImageError(
@@ -258,12 +269,12 @@ def _check_opened(img: Image.Image, path: str, max_pixels: int) -> None:
             f"data.max_pixels ({max_pixels}): a decompression bomb or "
             "an oversized image",
         )
-    reason = _unshared_mode(img, path)
+    reason = _unshared_mode(img, path, data)
     if reason:
         raise BadImageError(path, reason)
 
 
-def _unshared_mode(img: Image.Image, path: str) -> str:
+def _unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str:
     """Why this format/mode decodes differently (or not at all) in DALI; "" if it is fine."""
     fmt, mode = img.format, img.mode
     if mode not in _MODES or (mode == "I" and fmt not in ("PNG", "PPM")):
@@ -280,7 +291,7 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
             # PIL scales by maxval; DALI ignores it (a maxval-100 image comes out dark).
             return f"PNM with maxval {maxval}: only 255 and 65535 decode alike; re-save as 8-bit"
     if fmt == "WEBP" and "exif" in img.info:
-        if webp_is_lossless(path):
+        if webp_is_lossless(path, data):
             return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
         if img.getexif().get(_ORIENTATION_TAG, 1) not in (1, None):
             # DALI rotates some (PIL-written) and not others (Pillow's hopper_orientation_6.webp).
@@ -303,23 +314,23 @@ def _unshared_mode(img: Image.Image, path: str) -> str:
         )
     if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
         return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
-    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path)):
+    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path, data)):
         return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
     if fmt == "JPEG2000":
-        return _jpeg2000_problem(img, path)
+        return _jpeg2000_problem(img, path, data)
     if fmt in ("JPEG", "MPO"):
-        return jpeg_marker_problem(path)
+        return jpeg_marker_problem(path, data)
     return ""
 
 
-def _jpeg2000_problem(img: Image.Image, path: str) -> str:
+def _jpeg2000_problem(img: Image.Image, path: str, data: bytes | None = None) -> str:
     """JPEG 2000 files that DALI cannot decode, or that crash its decoder (measured on Pillow's
     test images: a truncated codestream is a segfault); "" for the 8-bit kinds both read."""
     if img.mode not in ("L", "RGB"):
         return f"JPEG 2000 in mode {img.mode}: DALI cannot decode it; save as 8-bit"
     if img.get_format_mimetype() == "image/jpx":
         return "JPX (extended JPEG 2000): DALI cannot decode it; re-save as JP2 or PNG"
-    if jpeg2000_truncated(path):
+    if jpeg2000_truncated(path, data):
         return "truncated JPEG 2000 (no end-of-codestream marker): DALI's decoder crashes on it"
     return ""
 
