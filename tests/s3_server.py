@@ -6,6 +6,7 @@ Without the binary the tests are skipped with the reason, except under CI, where
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-# Any static pair: SeaweedFS without an s3 config accepts any signed request.
+# The one key pair the server knows (its s3 config): a wrong one is refused.
 KEY_ID, SECRET = "stallfree-test-key", "stallfree-test-secret-do-not-log"
 
 
@@ -81,7 +82,7 @@ class Server:
             self.weed, "server", f"-dir={self.dir}", "-s3", f"-s3.port={self.ports['s3']}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={self.ports['master']}",
             f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}",
-            "-volume.max=200", "-master.volumeSizeLimitMB=256",
+            "-volume.max=200", "-master.volumeSizeLimitMB=256", f"-s3.config={self._identities()}",
         ]  # fmt: skip
         log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the child holds it)
         # Its own session, no inherited fds: a $(...) caller would otherwise wait on our pipes.
@@ -99,6 +100,21 @@ class Server:
             except Exception:  # noqa: BLE001 (not up yet)
                 time.sleep(0.3)
         raise RuntimeError(f"weed did not answer on {self.endpoint} in {timeout} s")
+
+    def _identities(self) -> Path:
+        """One identity (the tests' key pair): any other key is refused, as by a real store."""
+        config = {
+            "identities": [
+                {
+                    "name": "tests",
+                    "credentials": [{"accessKey": KEY_ID, "secretKey": SECRET}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        path = self.dir / "s3.json"
+        path.write_text(json.dumps(config))
+        return path
 
     def kill(self) -> None:
         """Kill the whole process group (master, volume, filer, s3 run in one process)."""

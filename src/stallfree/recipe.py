@@ -35,6 +35,9 @@ class DataConfig:
     # folder: root/{train,val}/<class>/<image>; tar: root holds `stallfree data pack` shards.
     format: Literal["folder", "tar"] = "folder"
     file_list: str = ""
+    # An S3-compatible store's endpoint for an s3:// root; "" takes the standard
+    # AWS_ENDPOINT_URL (or AWS's own). Credentials come only from the standard chain.
+    endpoint_url: str = ""
     # Images over this many pixels are refused before decoding (decompression bombs).
     max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=at_least(1))
     # A file that cannot be decoded: "raise" stops the run naming it; "skip" drops the sample
@@ -350,7 +353,13 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     """The files and folders the recipe names exist: checked before torch is imported, so that
     a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
     data = recipe.data
-    if data.root and "://" not in data.root:  # an object store's URL is checked by its reader
+    if data.root.startswith("s3://"):  # before anything is written: one line naming the URL
+        from stallfree.data.readers import store
+
+        store.configure(data.endpoint_url)
+        for split in ("train", "val") if data.format == "folder" else ("",):
+            store.check_readable(store.join(data.root, split) if split else data.root)
+    elif data.root and "://" not in data.root:
         root = Path(data.root)
         if not root.is_dir():
             hint = (

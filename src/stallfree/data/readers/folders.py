@@ -39,6 +39,9 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     A val class that train lacks is an error (its label would mean nothing); a train class with
     no val folder or no val images is a warning (its accuracy simply goes unmeasured).
     """
+    from stallfree.data.readers import store
+
+    store.configure(data.endpoint_url)
     if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
         from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
 
@@ -49,6 +52,10 @@ def resolve_dataset(data: DataConfig) -> Dataset:
         from stallfree.data.readers.webdataset import resolve_foreign
 
         return resolve_foreign(Path(data.root))
+    if store.is_remote(data.root):
+        from stallfree.data.readers.remote import resolve_remote_folders
+
+        return resolve_remote_folders(data.root, data.file_list)
     root = _check_root(data.root)
     classes = tuple(_class_dirs(root / "train"))
     val_dir = root / "val"
@@ -59,7 +66,7 @@ def resolve_dataset(data: DataConfig) -> Dataset:
             "labels come from train's class folders, so remove them from val/ or add them to train/"
         )
     if data.file_list:
-        return _from_file_list(root, classes, Path(data.file_list))
+        return _from_file_list(root, classes, data.file_list)
     train, train_subs = _list_split(root, "train", classes)
     val, val_subs = _list_split(root, "val", classes)
     _warn_unmeasured(val_dir, classes, val)
@@ -68,7 +75,7 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
 
 
-def _warn_unmeasured(val_dir: Path, classes: tuple[str, ...], val: Listing) -> None:
+def _warn_unmeasured(val_dir: Path | str, classes: tuple[str, ...], val: Listing) -> None:
     present = set(val.labels.tolist())
     missing = [name for label, name in enumerate(classes) if label not in present]
     if missing:
@@ -188,13 +195,19 @@ def _list_split(
     return builder.build(), sub_folders
 
 
-def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset:
+def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) -> Dataset:
     """The listing a clean file list names, read from the list alone: no folder is walked.
 
     Lines are paths relative to data.root (or absolute, under it): SPLIT/CLASS/FILE, or
     SPLIT/CLASS/SUB/.../FILE for an image in a sub-folder of its class folder. Each
-    split keeps the list's order within a class, classes in train's order.
+    split keeps the list's order within a class, classes in train's order. `root` is a folder,
+    or an object-store URL (s3://...; the list is a local file).
     """
+    path = Path(list_file)
+    remote = "://" in str(root)
+    under = (
+        (lambda *parts: "/".join([str(root), *parts])) if remote else (lambda *parts: str(Path(root, *parts)))
+    )
     if not path.is_file():
         raise DatasetError(
             f"data.file_list {path} does not exist; point it at a file with one "
@@ -203,11 +216,11 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     index = {name: label for label, name in enumerate(classes)}
     tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
     checked_by, left_out = None, []
-    bases = [str(root), str(root.resolve())]
+    bases = [str(root)] if remote else [str(root), str(Path(root).resolve())]
     with open(path, encoding="utf-8", errors="surrogateescape") as lines:
         for number, line in enumerate(lines, 1):
             text = line.strip()
-            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), root):
+            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), str(root)):
                 checked_by = (m.group(2), int(m.group(3)))
             if not text or text.startswith("#"):
                 continue
@@ -217,7 +230,7 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
             if len(parts) < 3 or parts[0] not in SPLITS or parts[1] not in index:
                 raise DatasetError(
                     f"{path}:{number}: {text!r} is not SPLIT/CLASS/[SUB/]FILE under data.root "
-                    f"{root} with a class of {root / 'train'}; fix the line or data.root"
+                    f"{root} with a class of {under('train')}; fix the line or data.root"
                 )
             if not _accepted(parts[-1]):
                 left_out.append(text)
@@ -232,29 +245,31 @@ def _from_file_list(root: Path, classes: tuple[str, ...], path: Path) -> Dataset
     _check_every_class_listed(path, root, classes, tails["train"])
     splits = {}
     for split in SPLITS:
-        builder = ListingBuilder(str(root / split) + os.sep, classes)
+        builder = ListingBuilder(under(split) + ("/" if remote else os.sep), classes)
         for label, names in enumerate(tails[split]):
             builder.add(names, label)
         if not len(builder):
             raise DatasetError(f"data.file_list {path} names no {split} images under {root}")
         splits[split] = builder.build()
-    _warn_unmeasured(root / "val", classes, splits["val"])
-    folders = [str(root / split / name) for split in SPLITS for name in classes]
+    _warn_unmeasured(under("val"), classes, splits["val"])
+    folders = [under(split, name) for split in SPLITS for name in classes]
     return Dataset(
         root=str(root), classes=classes, splits=splits, sources=(str(path), *folders), checked_by=checked_by
     )
 
 
-def _same_root(checked: str, root: Path) -> bool:
+def _same_root(checked: str, root: str) -> bool:
     """Whether a clean list's checked root is data.root. Only an absolute one can say: a
     relative one meant the folder it named from wherever the check ran. A list for another
     root (a copy, say) still selects the files, but cannot vouch for their bytes: the start
     checks them, once (cached), as it does without a list."""
+    if "://" in root:  # an object-store URL names itself
+        return checked.rstrip("/") == root.rstrip("/")
     return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
 
 
 def _check_every_class_listed(
-    path: Path, root: Path, classes: tuple[str, ...], train: list[list[str]]
+    path: Path, root: Path | str, classes: tuple[str, ...], train: list[list[str]]
 ) -> None:
     """A train class the list names no image of is an error, as an empty class folder is:
     a label the model could never learn."""
@@ -262,7 +277,7 @@ def _check_every_class_listed(
     if empty:
         raise DatasetError(
             f"data.file_list {path} names no train images of class "
-            f"{some_of(empty)} (a class folder of {root / 'train'}); add its "
+            f"{some_of(empty)} (a class folder of {root}/train); add its "
             "images to the list, or remove the folder (train's class folders "
             "are the label map)"
         )

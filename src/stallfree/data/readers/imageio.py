@@ -121,12 +121,16 @@ def _source(path: str, data: bytes | None = None) -> str | io.BytesIO:
     extracted to disk)."""
     if data is not None:
         return io.BytesIO(data)
-    return io.BytesIO(read_bytes(path)) if MEMBER in path else path
+    return io.BytesIO(read_bytes(path)) if MEMBER in path or path.startswith("s3://") else path
 
 
 def _size(path: str, data: bytes | None = None) -> int:
     if data is not None:
         return len(data)
+    if path.startswith("s3://"):
+        from stallfree.data.readers import store
+
+        return store.size(path)
     return int(path.rsplit(":", 1)[1]) if MEMBER in path else os.path.getsize(path)
 
 

@@ -58,9 +58,11 @@ def stat_key(paths: Iterable[str | Path], prefix: str = "") -> str:
 def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
     # Resolved paths: a relative data.root names another dataset in another folder, and a
     # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
-    where = os.path.realpath(listing.prefix)
+    # An object-store URL is itself (its sources carry a digest of the listed keys and ETags).
+    where = listing.prefix if "://" in listing.prefix else os.path.realpath(listing.prefix)
     return stat_key(
-        [os.path.realpath(s) for s in sources], f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}"
+        [s if "://" in s else os.path.realpath(s) for s in sources],
+        f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}",
     )
 
 

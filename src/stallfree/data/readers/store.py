@@ -263,3 +263,8 @@ def check_readable(url: str) -> None:
     page = _call(url, "list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
     if not page.get("KeyCount"):
         raise StoreError(f"{url}: no objects under this prefix (a wrong path?)")
+
+
+def digest_of(parts: list[str]) -> str:
+    """One digest of several listing digests (the class prefixes of a split)."""
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
