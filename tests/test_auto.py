@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -142,3 +143,26 @@ def test_synthetic_decode_names_the_users_file(tmp_path: Path) -> None:
     with pytest.raises(BadImageError) as info:
         build_loader(recipe, "train", device=CPU)
     assert info.value.path == str(bad)
+
+
+def test_eval_measures_auto_once_in_prepare_and_its_loader_uses_it(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval (and the bench's measurements) prepare their run as train does: "auto" is timed
+    once, on the train split, before any loader; the val loader is built with that count."""
+    from stallfree.models import build_model
+    from stallfree.train.evaluate import evaluate_checkpoint
+
+    recipe = small_recipe(image_root, loader={"torch": {"workers": "auto"}})
+    checkpoint = tmp_path / "weights.pt"
+    torch.save({"model": build_model(recipe.model, 10).state_dict()}, checkpoint)
+    measured: list[str] = []
+    real = autotune._measure  # noqa: SLF001 - a spy on the measurement itself
+
+    def counted(spec: Any, backend: Any) -> Any:
+        measured.append(spec.split)
+        return real(spec, backend)
+
+    monkeypatch.setattr(autotune, "_measure", counted)
+    result = evaluate_checkpoint(recipe, checkpoint)
+    assert measured == ["train"] and result["samples"] == 30

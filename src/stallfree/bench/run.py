@@ -28,7 +28,7 @@ from stallfree.data.loader import Batch, Loader
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import AugmentConfig, Recipe, apply_overrides, recipe_from_dict
-from stallfree.train.build import RunContext, build_trainer, prepare
+from stallfree.train.build import RunContext, build_trainer, prepare, prepare_recipe
 from stallfree.train.precision import cpu_has_native_bf16
 
 MODES = ("loader", "train")
@@ -75,7 +75,8 @@ def stream(loader: Loader) -> Iterator[Batch]:
 
 
 def resolved(recipe: Recipe) -> RunContext:
-    """The run context: `precision = auto` resolved for this machine, its device, its dataset."""
+    """The run context: `precision = auto` resolved for this machine, its device, its dataset,
+    an "auto" worker/thread count measured (once: this process is one measurement)."""
     return prepare(recipe, DistInfo())
 
 
@@ -93,20 +94,32 @@ def measure_loader(recipe: Recipe, warmup: int, batches: int) -> dict[str, Any]:
         for _ in islice(batches_in, warmup):
             pass
         _sync(ctx.device)
+        in_source = _source_time(loader)
         with ResourceSampler() as usage:
             started = time.perf_counter()
             for _ in islice(batches_in, batches):
                 pass
             _sync(ctx.device)
             elapsed = time.perf_counter() - started
+        in_source = [after - before for after, before in zip(_source_time(loader), in_source)]
     finally:
         loader.close()
-    return {
+    record = {
         "images_per_s": batches * ctx.recipe.train.batch_size / elapsed,
         "wall_s": elapsed,
         "cpu_cores": usage.cpu_cores,
         "peak_pss_mb": usage.peak_pss_mb,
     }
+    if in_source:  # DALI calls its source on the training thread: the time it kept it there
+        record["dali_source_ms_per_batch"] = 1000 * in_source[0] / max(1, in_source[1])
+    return record
+
+
+def _source_time(loader: Loader) -> list[float]:
+    """[seconds, batches] the loader's source spent on the calling thread; [] if it keeps none."""
+    if not hasattr(loader, "source_batches"):
+        return []
+    return [loader.source_s, loader.source_batches]
 
 
 def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -271,7 +284,9 @@ def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str
 def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
-    recipe = resolved(recipe).recipe  # `precision = auto` decided once, here, for every child
+    # `precision = auto` (and --loader auto) decided once, here, for every child. Only that:
+    # a "auto" worker/thread count is measured in each child, for the backend it runs.
+    recipe = prepare_recipe(recipe, DistInfo()).recipe
     runs = [
         (mode, backend, knob, sets)
         for mode in cfg.modes
@@ -335,7 +350,9 @@ def _progress_line(record: dict[str, Any]) -> str:
     knob = f" x{record['knob']}" if record["knob"] is not None else ""
     if "error" in record:
         return f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: ERROR {record['error']}"
+    source = record.get("dali_source_ms_per_batch")
     return (
         f"[{record['repeat']}] {record['mode']:<6} {record['backend']}{knob}: "
         f"{record['images_per_s']:.1f} img/s"
+        + (f", {source:.1f} ms/batch in DALI's source on the training thread" if source is not None else "")
     )

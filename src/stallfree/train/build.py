@@ -148,8 +148,9 @@ def _check_trackers(trackers: list[str]) -> None:
 
 
 def prepare(recipe: Recipe, dist: DistInfo | None = None) -> RunContext:
-    """`prepare_recipe`, then the dataset, listed once."""
-    return prepare_recipe(recipe, dist or DistInfo()).with_dataset()
+    """`prepare_recipe`, then the dataset, listed once, and a `workers`/`threads = "auto"`
+    measured once (eval, bench): every loader of the context is built with that count."""
+    return prepare_recipe(recipe, dist or DistInfo()).with_dataset().with_loader_counts()
 
 
 def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
