@@ -50,7 +50,7 @@ def _recipe(root: str | Path, fmt: str, backend: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["folder"])
+@pytest.mark.parametrize("fmt", ["folder", "tar"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     remote: dict[str, str], image_root: Path, packed: Path, tmp_path: Path, fmt: str, backend: str

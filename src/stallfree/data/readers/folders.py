@@ -45,6 +45,13 @@ def resolve_dataset(data: DataConfig) -> Dataset:
     if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
         from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
 
+        if store.is_remote(data.root):
+            if store.exists(store.join(data.root, MANIFEST)):
+                return resolve_shards(data.root)
+            raise DatasetError(
+                f"data.root {data.root} has no {MANIFEST}: from an object store, stallfree reads "
+                "the shards `stallfree data pack` writes; pack them, or copy them to a local disk"
+            )
         if not Path(data.root).is_dir():
             raise DatasetError(f"data.root {data.root} does not exist")
         if (Path(data.root) / MANIFEST).is_file():

@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stallfree.data.readers import store
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cached_check, stat_key
@@ -82,17 +84,25 @@ def parse_index(text: str, where: str) -> list[Entry]:
     return entries
 
 
-def read_index(shard: Path) -> list[Entry]:
-    """The samples listed by the .idx next to `shard`."""
-    index = shard.with_suffix(".idx")
-    if not index.is_file():
+def _index_of(shard: str | Path) -> str:
+    return str(shard).rpartition(".")[0] + ".idx"
+
+
+def read_index(shard: str | Path) -> list[Entry]:
+    """The samples listed by the .idx next to `shard` (a path or an s3:// URL)."""
+    index = _index_of(shard)
+    if store.is_remote(index):
+        if not store.exists(index):
+            raise ShardError(f"{index} does not exist; shards need the index `stallfree data pack` writes")
+        return parse_index(store.read(index).decode(errors="replace"), index)
+    if not Path(index).is_file():
         raise ShardError(
             f"{index} does not exist; shards need the index `stallfree data pack` writes next to them"
         )
-    return parse_index(index.read_text(errors="replace"), str(index))
+    return parse_index(Path(index).read_text(errors="replace"), index)
 
 
-def _check_placement(shard: Path, entries: list[Entry], size: int) -> None:
+def _check_placement(shard: str, entries: list[Entry], size: int) -> None:
     """Every member inside the tar, on a block boundary, in order: cheap, at every start."""
     end = 0
     for name, *spans in entries:
@@ -105,10 +115,10 @@ def _check_placement(shard: Path, entries: list[Entry], size: int) -> None:
             end = offset + length
 
 
-def _load_manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST
+def _load_manifest(root: str) -> dict[str, Any]:
+    path = store.join(root, MANIFEST)
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(store.read(path) if store.is_remote(path) else Path(path).read_text())
     except ValueError as exc:
         raise ShardError(
             f"{path} is not valid JSON ({exc}); it is written last by "
@@ -128,17 +138,30 @@ def _load_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
+def _sizes(root: str) -> tuple[dict[str, int] | None, str]:
+    """({name: bytes} of every object right under an s3:// root: one listing, not a HEAD per
+    shard; and the digest of its names, sizes and ETags), or (None, "") for a local folder."""
+    if not store.is_remote(root):
+        return None, ""
+    objects, digest = store.list_prefix(root)
+    return {name: size for name, size in objects if "/" not in name}, digest
+
+
 def _split_entries(
-    root: Path, split: str, info: dict[str, Any], classes: int
-) -> list[tuple[Path, list[Entry], list[int]]]:
+    root: str, split: str, info: dict[str, Any], classes: int, sizes: dict[str, int] | None
+) -> list[tuple[str, list[Entry], list[int]]]:
     """Each shard of a split with its index entries and their manifest labels, checked cheaply."""
     out = []
     labels = info["labels"]
     for shard_info in info["shards"]:
-        shard = root / Path(shard_info["name"]).name  # a name, never a path out of root
-        if not shard.is_file():
+        name = Path(shard_info["name"]).name  # a name, never a path out of root
+        shard = store.join(root, name)
+        if sizes is not None:
+            size = sizes.get(name)
+        else:
+            size = os.stat(shard).st_size if os.path.isfile(shard) else None
+        if size is None:
             raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
-        size = shard.stat().st_size
         if size != shard_info.get("bytes"):
             raise ShardError(
                 f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
@@ -147,8 +170,7 @@ def _split_entries(
         entries = read_index(shard)
         if len(entries) != shard_info.get("samples"):
             raise ShardError(
-                f"{shard.with_suffix('.idx')}: {len(entries)} samples, the manifest "
-                f"says {shard_info.get('samples')}"
+                f"{_index_of(shard)}: {len(entries)} samples, the manifest says {shard_info.get('samples')}"
             )
         _check_placement(shard, entries, size)
         shard_labels = []
@@ -170,20 +192,42 @@ def _member_name(header: bytes) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def verify_members(shard: Path, entries: list[Entry], labels: list[int]) -> None:
+class _Window:
+    """`pread` over an s3:// shard read front to back in large ranged GETs (bounded memory):
+    one request per window, not two per sample."""
+
+    SPAN = 64 << 20
+
+    def __init__(self, url: str) -> None:
+        self.url, self.start, self.data = url, 0, b""
+
+    def pread(self, length: int, offset: int) -> bytes:
+        if not (self.start <= offset and offset + length <= self.start + len(self.data)):
+            self.start, self.data = offset, store.read_range(self.url, offset, max(self.SPAN, length))
+        return self.data[offset - self.start : offset - self.start + length]
+
+
+def verify_members(shard: str | Path, entries: list[Entry], labels: list[int]) -> None:
     """Read each member's tar header back (name, place) and each .cls against its label."""
+    if store.is_remote(str(shard)):
+        _verify(str(shard), _Window(str(shard)).pread, entries, labels)
+        return
     with open(shard, "rb") as f:
         fd = f.fileno()
-        for (name, offset, _, cls_offset, cls_size), label in zip(entries, labels, strict=True):
-            for member, at in ((name, offset), (name.rpartition(".")[0] + ".cls", cls_offset)):
-                if _member_name(os.pread(fd, BLOCK, at - BLOCK)) != member:
-                    raise ShardError(
-                        f"{shard}::{member}: the index points at another member "
-                        f"(offset {at}); the index does not belong to this tar"
-                    )
-            text = os.pread(fd, cls_size, cls_offset).decode(errors="replace").strip()
-            if text != str(label):
-                raise ShardError(f"{shard}::{name}: its .cls says {text!r}, the label is {label}")
+        _verify(str(shard), lambda length, offset: os.pread(fd, length, offset), entries, labels)
+
+
+def _verify(shard: str, pread: Callable[[int, int], bytes], entries: list[Entry], labels: list[int]) -> None:
+    for (name, offset, _, cls_offset, cls_size), label in zip(entries, labels, strict=True):
+        for member, at in ((name, offset), (name.rpartition(".")[0] + ".cls", cls_offset)):
+            if _member_name(pread(BLOCK, at - BLOCK)) != member:
+                raise ShardError(
+                    f"{shard}::{member}: the index points at another member "
+                    f"(offset {at}); the index does not belong to this tar"
+                )
+        text = pread(cls_size, cls_offset).decode(errors="replace").strip()
+        if text != str(label):
+            raise ShardError(f"{shard}::{name}: its .cls says {text!r}, the label is {label}")
 
 
 def index_text(shard: Path) -> str:
@@ -204,23 +248,34 @@ def index_text(shard: Path) -> str:
 
 
 def resolve_shards(root_text: str) -> Dataset:
-    """Our shards at ROOT (with manifest.json) as a Dataset."""
-    root = Path(root_text)
+    """Our shards at ROOT (with manifest.json; a folder or an s3:// prefix) as a Dataset."""
+    root = root_text.rstrip("/") if store.is_remote(root_text) else str(Path(root_text))
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
     splits, sources = {}, []
-    checked: list[tuple[Path, list[Entry], list[int]]] = []
+    checked: list[tuple[str, list[Entry], list[int]]] = []
+    sizes, digest = _sizes(root)
     for split in SPLITS:
-        builder = ListingBuilder(str(root) + "/", classes)
-        for shard, entries, labels in _split_entries(root, split, manifest["splits"][split], len(classes)):
-            sources.append(str(shard))
+        builder = ListingBuilder(root + "/", classes)
+        info = manifest["splits"][split]
+        for shard, entries, labels in _split_entries(root, split, info, len(classes), sizes):
+            sources.append(shard)
             checked.append((shard, entries, labels))
-            builder.add([f"{shard.name}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
+            name = shard.rpartition("/")[2]
+            builder.add([f"{name}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
         if not len(builder):
             raise ShardError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
-    # Once per dataset state: the shards' and indexes' sizes and times, and the manifest.
-    files = [root / MANIFEST, *(p for s in sources for p in (Path(s), Path(s).with_suffix(".idx")))]
-    key = stat_key(str(p.resolve()) for p in files)
-    cached_check("shards", key, lambda: [verify_members(*item) for item in checked])
-    return Dataset(root=str(root), classes=classes, splits=splits, sources=tuple(sources))
+    cached_check(
+        "shards", _state_key(root, sources, digest), lambda: [verify_members(*item) for item in checked]
+    )
+    return Dataset(root=root, classes=classes, splits=splits, sources=tuple(sources))
+
+
+def _state_key(root: str, shards: list[str], digest: str) -> str:
+    """Once per dataset state: the shards', indexes' and manifest's sizes and times (locally),
+    or their names, sizes and ETags (in a store, where an object has no time to stat)."""
+    if store.is_remote(root):
+        return stat_key([], f"{root} {digest}")
+    files = [Path(root) / MANIFEST, *(p for s in shards for p in (Path(s), Path(_index_of(s))))]
+    return stat_key(str(p.resolve()) for p in files)
