@@ -9,7 +9,8 @@ DEMO   := data/demo
 # would otherwise pull a multi-GB CUDA build; inside the NVIDIA container its own torch is kept.
 TORCH_PIN ?= torch==2.13.0
 # tb: TensorBoard's tb/ in every run directory (tensorboard, grpcio, its data server: ~50 MB installed).
-EXTRAS ?= test,plot,dali,fast,track,tb,s3
+# lightning: the Lightning example and its test (lightning, torchmetrics, aiohttp: ~35 MB; never a torch).
+EXTRAS ?= test,plot,dali,fast,track,tb,s3,lightning
 
 .PHONY: demo test lint install clean
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
-from stallfree import __version__
 from stallfree.bench.variants import BENCH_VARIANTS
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
@@ -27,6 +26,7 @@ from stallfree.recipe import (
     load_recipe,
     validate,
 )
+from stallfree.version import __version__
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:

@@ -307,13 +307,20 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         *tables, key = dotted.strip().split(".")
         if not sep or not tables or not key:
             raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. train.epochs=3")
-        source = f"--set {item!r}"
-        nested: Any = _parse_value(text, _annotation(recipe, tables, key))
-        for name in reversed(tables[1:]):
-            nested, key = {key: nested}, name
-        recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
-        set_field(getattr(recipe, tables[0]), tables[0], key, nested, source, _MOVED)
+        set_key(
+            recipe, dotted.strip(), _parse_value(text, _annotation(recipe, tables, key)), f"--set {item!r}"
+        )
     return recipe
+
+
+def set_key(recipe: Recipe, dotted: str, value: Any, source: str) -> None:
+    """Set one `section.key` (or `loader.dali.key`) to a Python value, checked as TOML's is."""
+    *tables, key = dotted.split(".")
+    nested = value
+    for name in reversed(tables[1:]):
+        nested, key = {key: nested}, name
+    recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
+    set_field(getattr(recipe, tables[0]), tables[0], key, nested, source, _MOVED)
 
 
 def validate(recipe: Recipe) -> None:

@@ -126,6 +126,13 @@ class Loader(ABC):
     def close(self) -> None:  # noqa: B027 - optional: loaders without workers have nothing to free
         """Release workers and pipelines."""
 
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving a `with` block closes the loader, as `close()` does."""
+        self.close()
+
     # What `workers`/`threads = "auto"` measured and chose (data/autotune.py), if anything.
     autotune: dict[str, Any] | None = None
 
@@ -197,7 +204,8 @@ def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
     """Images arrive in the autocast dtype on CUDA (half the bytes); float32 on CPU."""
     if precision == "auto":
         raise ValueError(
-            "resolve train.precision before building loaders (stallfree.train.precision.resolve_precision)"
+            "resolve train.precision before building loaders (stallfree.train.precision."
+            "resolve_precision), or build them with stallfree.loader(), which resolves it as the CLI does"
         )
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from stallfree import __version__
 from stallfree.data import autotune, registry
 from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader, build_loader, measure_auto_count
@@ -32,6 +31,7 @@ from stallfree.train.mix import Mixer
 from stallfree.train.precision import resolve_precision
 from stallfree.train.schedule import build_optimizer, warmup_cosine
 from stallfree.train.trainer import Trainer, TrainerConfig
+from stallfree.version import __version__
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree import __version__
 from stallfree.errors import StallfreeError
+from stallfree.version import __version__
 
 FORMAT = 2
 

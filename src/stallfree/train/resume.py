@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from stallfree import __version__
 from stallfree.data.loader import Loader
 from stallfree.errors import StallfreeError
 from stallfree.recipe import Recipe
@@ -18,6 +17,7 @@ from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state,
 from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.distributed import gather_objects
 from stallfree.train.trainer import Trainer
+from stallfree.version import __version__
 
 # EX_TEMPFAIL from sysexits.h: "try again later". A scheduler wrapper requeues on this code.
 PREEMPTED_EXIT_CODE = 75

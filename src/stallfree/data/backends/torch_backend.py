@@ -7,10 +7,12 @@ that overlaps the next copy with compute. On a CPU run: normalised in the worker
 
 from __future__ import annotations
 
+import inspect
 import signal
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import torch
@@ -18,7 +20,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from stallfree.data.backends.prefetch import DevicePrefetcher, NormalisingCollate, collate_uint8
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
+from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError
+from stallfree.data.readers.inflight import ReaderPool
 from stallfree.data.readers.listing import Listing
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
@@ -42,21 +46,55 @@ class ImageDataset(Dataset):
     worker layout, and the size follows the epoch's (persistent workers hold their own copy of
     this object: the size travels with each key)."""
 
-    def __init__(self, listing: Listing, transform: Transform, aug: AugmentConfig, max_pixels: int) -> None:
+    def __init__(
+        self, listing: Listing, transform: Transform, aug: AugmentConfig, max_pixels: int, io_depth: int = 1
+    ) -> None:
         # The listing is three objects (data/readers/listing.py): forked workers share it, page for page.
         self.listing, self.transform, self.aug, self.max_pixels = listing, transform, aug, max_pixels
+        # A transform that takes the bytes (`data=`) gets a batch's files read io_depth at a
+        # time by this worker's reader threads; any other reads its own, one at a time.
+        takes_bytes = "data" in inspect.signature(transform).parameters
+        self.readers = ReaderPool(io_depth) if takes_bytes and io_depth > 1 else None
 
     def __len__(self) -> int:
         return len(self.listing)
 
     def __getitem__(self, key: tuple[int, int, int]) -> tuple[Any, int]:
-        index, seed, size = key
-        path, label = self.listing.path(index), int(self.listing.labels[index])
+        return self._sample(key, self.listing.path(key[0]), None)
+
+    def __getitems__(self, keys: list[tuple[int, int, int]]) -> list[tuple[Any, int]]:
+        """A batch's samples, in order: its files read concurrently, each decoded from its
+        bytes as soon as they (and those before it) are in, while the rest are in flight."""
+        if self.readers is None:
+            return [self[key] for key in keys]
+        paths = [self.listing.path(index) for index, _, _ in keys]
+        pool = self.readers.get()
+        reads = [pool.submit(read_bytes, path) for path in paths]
         try:
-            return self.transform(path, self.aug, size, seed, self.max_pixels), label
+            return [self._sample(key, path, _read(read)) for key, path, read in zip(keys, paths, reads)]
+        finally:
+            for read in reads:  # after an error: the batch's reads not started yet
+                read.cancel()
+
+    def _sample(self, key: tuple[int, int, int], path: str, data: bytes | None) -> tuple[Any, int]:
+        index, seed, size = key
+        label = int(self.listing.labels[index])
+        try:
+            if data is None:
+                return self.transform(path, self.aug, size, seed, self.max_pixels), label
+            return self.transform(path, self.aug, size, seed, self.max_pixels, data=data), label  # type: ignore[call-arg]
         except BadImageError as exc:
             # Returned, not raised: a raise would reach the user as a worker traceback.
             return BadSample(exc.path, exc.reason), label
+
+
+def _read(read: Future[bytes]) -> bytes | None:
+    """A read's bytes; None when it failed: the transform then opens the path itself and names
+    the file and the reason, exactly as without reads in flight."""
+    try:
+        return read.result()
+    except Exception:  # noqa: BLE001 - reported by the transform's own read
+        return None
 
 
 class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
@@ -149,7 +187,7 @@ class TorchLoader(ShardedLoader):
         assert to_device is not None and empty is not None
         self.empty = empty  # what a micro-batch of only bad files becomes (skip)
         self.dataloader = DataLoader(
-            ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels),
+            ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels, spec.loader.io_depth),
             batch_sampler=_LoaderSampler(self),
             num_workers=workers,
             collate_fn=_Checked(collate, self.skip),

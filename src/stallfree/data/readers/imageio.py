@@ -28,7 +28,6 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from stallfree import __version__
 from stallfree.data.readers.headers import (
     MEMBER,
     jpeg2000_truncated,
@@ -40,6 +39,7 @@ from stallfree.data.readers.headers import (
 )
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
+from stallfree.version import __version__
 
 # PIL warns about some malformed files ("Corrupt EXIF data") without naming them; our checks
 # name them. Filtered once, here: `warnings.catch_warnings()` in the header-check threads

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from stallfree import __version__
 from stallfree.data.readers.imageio import BadImageError, bad_headers, open_rgb, rules_id
 from stallfree.data.readers.listing import Listing
 from stallfree.parallel import DistInfo
+from stallfree.version import __version__
 
 
 def cache_dir() -> Path:

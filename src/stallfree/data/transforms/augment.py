@@ -55,15 +55,22 @@ def random_resized_crop_box(
 
 
 def train_transform(
-    path: str, aug: AugmentConfig, side: int, seed: int, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str,
+    aug: AugmentConfig,
+    side: int,
+    seed: int,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    *,
+    data: bytes | None = None,
 ) -> np.ndarray:
     """Decode, random-resized-crop, flip: uint8 HWC array of side x side.
 
     Raises BadImageError (before any pixel is decoded where the header tells) for a file that
     is not an image both backends decode alike, or that has more than `max_pixels` pixels.
+    `data`: the file's bytes when already read (the torch workers read a batch's at once).
     """
     rng = random.Random(seed)
-    opened = open_image(path, max_pixels)
+    opened = open_image(path, max_pixels, data)
     full_w, full_h = opened.width, opened.height
     left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip
@@ -93,13 +100,19 @@ def erasing_box(size: int, aug: AugmentConfig, rng: random.Random) -> tuple[int,
 
 
 def val_transform(
-    path: str, aug: AugmentConfig, side: int, seed: int = 0, max_pixels: int = DEFAULT_MAX_PIXELS
+    path: str,
+    aug: AugmentConfig,
+    side: int,
+    seed: int = 0,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    *,
+    data: bytes | None = None,
 ) -> np.ndarray:
     """Decode, resize the shorter side to resize_size, center crop side x side: uint8 HWC array.
 
-    Raises BadImageError like `train_transform`.
+    Raises BadImageError like `train_transform`; `data` as there.
     """
-    opened = open_image(path, max_pixels)
+    opened = open_image(path, max_pixels, data)
     new_w, new_h = resized_shape(opened.width, opened.height, aug.resize_size)
     resized = decode_resized(opened, (0, 0, opened.width, opened.height), new_w, new_h)
     # Round half up, as DALI's crop_pos=0.5 does (torchvision rounds half to even: a 1 px shift).

@@ -57,23 +57,24 @@ class Opened:
         )
 
 
-def open_image(path: str, max_pixels: int) -> Opened:
-    """Check and open `path` (raises BadImageError like `imageio.open_lazy`)."""
+def open_image(path: str, max_pixels: int, data: bytes | None = None) -> Opened:
+    """Check and open `path`, or its bytes `data` when already read (raises BadImageError
+    like `imageio.open_lazy`)."""
     if simplejpeg is not None:
-        fast = _open_plain_jpeg(path, max_pixels)
+        fast = _open_plain_jpeg(path, max_pixels, data)
         if fast is not None:
             return fast
-    img, orientation = open_lazy(path, max_pixels)
+    img, orientation = open_lazy(path, max_pixels, data=data)
     width, height = (img.height, img.width) if orientation in (5, 6, 7, 8) else img.size
     return Opened(path, width, height, img, orientation)
 
 
-def _open_plain_jpeg(path: str, max_pixels: int) -> Opened | None:
+def _open_plain_jpeg(path: str, max_pixels: int, data: bytes | None = None) -> Opened | None:
     """A JPEG that simplejpeg decodes exactly as PIL would, from its bytes alone: upright (no
     EXIF rotation), 8-bit YCbCr/grey/RGB, a header DALI parses, within the pixel limit. None
     sends the file down PIL's path, which names whatever is wrong with it (or, for headers
     longer than 64 KiB, reads an EXIF block this walk did not reach)."""
-    data = read_bytes(path)
+    data = read_bytes(path) if data is None else data
     if data[:3] != b"\xff\xd8\xff":
         return None
     head = data[: 1 << 16]
@@ -131,7 +132,7 @@ def decode_resized(
         except ValueError:
             # libjpeg-turbo's warnings are errors under strict mode (corrupt data); PIL decides
             # those files as it always did: decoded, or named in a BadImageError.
-            img, _ = open_lazy(opened.path, opened.width * opened.height)
+            img, _ = open_lazy(opened.path, opened.width * opened.height, data=opened.data)
             opened = Opened(opened.path, opened.width, opened.height, img)
         else:
             return _resize_array(
