@@ -151,3 +151,19 @@ def test_dali_source_reads_off_the_training_thread(image_root: Path, monkeypatch
     per_batch = loader.source_s / loader.source_batches
     assert per_batch < batch * delay / 4, f"{per_batch * 1000:.1f} ms a batch in the source"
 
+
+def test_torch_worker_keeps_reads_in_flight(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's files are fetched concurrently, once each (then decoded from the bytes)."""
+    slow = SlowReads(0.02).install(monkeypatch)
+    recipe = small_recipe(image_root, loader={"io_depth": 8})
+    recipe.loader.backend = "torch"
+    loader = build_loader(recipe, "train", device=CPU, dist=DistInfo())
+    slow.paths.clear()  # the start-up header check's reads are not the decode's
+    slow.most_in_flight = 0
+    try:
+        assert list(loader)
+    finally:
+        loader.close()
+    assert slow.most_in_flight > 1
+    assert len(slow.paths) == len(set(slow.paths)), "a file was read twice"
+
