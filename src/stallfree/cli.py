@@ -11,14 +11,15 @@ import time
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
-from stallfree.bench.variants import BENCH_VARIANTS
+from stallfree.commands import bench as _bench
+from stallfree.commands import data as _data
+from stallfree.commands import export as _export
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.predict import add_parser as _predict_parser
 from stallfree.predict import cmd_predict
 from stallfree.recipe import (
-    DEFAULT_MAX_PIXELS,
     Recipe,
     RecipeError,
     apply_overrides,
@@ -68,86 +69,6 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _data_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="make a demo dataset, check every image, pack into tar shards")
-    data_sub = p.add_subparsers(dest="data_command", required=True)
-    demo = data_sub.add_parser("demo", help="write the procedurally drawn demo ImageFolder")
-    demo.add_argument("out", help="output folder, e.g. data/demo")
-    demo.add_argument("--train-per-class", type=int, default=120)
-    demo.add_argument("--val-per-class", type=int, default=30)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument(
-        "--photo-like",
-        action="store_true",
-        help="natural-image texture, short side 333-500, ~100 KB JPEGs (for benchmarks)",
-    )
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
-    check = data_sub.add_parser(
-        "check", help="decode every image of ROOT/{train,val}; name the bad ones; exit 1 if there are any"
-    )
-    check.add_argument("root", help="dataset folder with train/ and val/")
-    check.add_argument("--workers", type=int, default=-1, help="decoding processes (default: cores)")
-    check.add_argument(
-        "--write-list", metavar="FILE", help="write the good files, one per line, for data.file_list"
-    )
-    check.add_argument(
-        "--max-pixels",
-        type=int,
-        default=DEFAULT_MAX_PIXELS,
-        help="refuse larger images, as data.max_pixels does",
-    )
-    check.add_argument("--no-progress", action="store_true", help="no progress bar")
-    pack = data_sub.add_parser(
-        "pack",
-        help="write ROOT as WebDataset tar shards with indexes "
-        'and a manifest (train with data.format = "tar")',
-    )
-    pack.add_argument("root", help="dataset folder with train/ and val/")
-    pack.add_argument("out", help="output folder for the shards")
-    pack.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 256MB, 1GB")
-    pack.add_argument("--seed", type=int, default=0, help="the train split's shuffle")
-    pack.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def _float_list(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v.strip()]
-
-
-def _bench_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure the loaders (ours and the usual ones) and training speed")
-    p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/bench.toml")
-    p.add_argument(
-        "--backends",
-        help=f"comma-separated: {', '.join(BENCH_VARIANTS)} (default: dali, torch, "
-        "torch-naive, synthetic and the peers installed here)",
-    )
-    p.add_argument("--mode", default="loader,train", help="comma-separated: loader, train")
-    p.add_argument("--out", default="runs/bench", help="folder for bench.json, bench.md, bench.png")
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no per-run progress lines (they are timestamped off a terminal)",
-    )
-    p.add_argument("--repeats", type=int, default=3, help="runs per setting; the median is reported")
-    p.add_argument("--warmup", type=int, default=5, help="untimed batches before each run")
-    p.add_argument("--batches", type=int, default=30, help="timed batches (or steps) per run")
-    p.add_argument("--workers", type=_int_list, default=[], help="torch worker sweep, e.g. 1,2,3")
-    p.add_argument("--threads", type=_int_list, default=[], help="dali thread sweep, e.g. 1,2,3")
-    p.add_argument(
-        "--hw-decoder-load",
-        type=_float_list,
-        default=[],
-        metavar="LOADS",
-        help="dali nvJPEG hardware-decoder share sweep, e.g. 0.12,0.65,0.9",
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-
-
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="the val accuracy of a checkpoint (top-1/top-5; torchrun too)")
     p.add_argument("recipe", help="the recipe the checkpoint was trained with")
@@ -160,18 +81,6 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
-
-
-def _export_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="a checkpoint's weights as a state dict, TorchScript and ONNX")
-    p.add_argument("checkpoint", help="a ckpt-<step>.pt, best.pt, or a run directory (its newest)")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="folder for state_dict.pt, model.torchscript.pt, "
-        "model.onnx (with the onnx package), export.json",
-    )
-    p.add_argument("--ema", action="store_true", help="export the EMA weights instead")
 
 
 def _compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -196,11 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _train_parser(sub)
-    _data_parser(sub)
-    _bench_parser(sub)
+    _data.add_parser(sub)
+    _bench.add_parser(sub)
     _eval_parser(sub)
     _compare_parser(sub)
-    _export_parser(sub)
+    _export.add_parser(sub)
     _predict_parser(sub)
     doctor = sub.add_parser(
         "doctor",
@@ -284,92 +193,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_data(args: argparse.Namespace) -> int:
-    if args.data_command == "check":
-        return _data_check(args)
-    if args.data_command == "pack":
-        from stallfree.data.tools.pack import pack_dataset, parse_size
-
-        try:
-            shard_bytes = parse_size(args.shard_size)
-        except ValueError as exc:
-            raise RecipeError(f"--shard-size {args.shard_size!r}: expected e.g. 256MB") from exc
-        manifest = pack_dataset(
-            args.root,
-            args.out,
-            shard_bytes=shard_bytes,
-            seed=args.seed,
-            progress=show_progress(not args.no_progress),
-        )
-        for split, info in manifest["splits"].items():
-            print(f"{split}: {info['samples']} samples in {len(info['shards'])} shard(s)")
-        print(f'wrote {args.out}; train from it with --set data.root="{args.out}" --set data.format=tar')
-        return 0
-    from stallfree.data.tools.demo import write_demo
-
-    out = write_demo(
-        args.out,
-        train_per_class=args.train_per_class,
-        val_per_class=args.val_per_class,
-        seed=args.seed,
-        photo_like=args.photo_like,
-        progress=show_progress(not args.no_progress),
-    )
-    print(f"wrote demo data to {out}")
-    return 0
-
-
-def _data_check(args: argparse.Namespace) -> int:
-    from stallfree.data.tools.check import check_dataset, summary
-
-    report = check_dataset(
-        args.root,
-        workers=args.workers,
-        max_pixels=args.max_pixels,
-        progress=show_progress(not args.no_progress),
-    )
-    print(summary(report))
-    if args.write_list and any("::" in str(p) for p in report.good):
-        raise RecipeError(
-            "--write-list is for image folders; tar shards are packed whole "
-            "(fix or re-pack the shards the check names)"
-        )
-    if args.write_list:
-        Path(args.write_list).write_text(report.clean_list())
-        print(f"wrote {len(report.good)} good files to {args.write_list} (use it as data.file_list)")
-    return 1 if report.bad else 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from stallfree.bench.report import write_report
-    from stallfree.bench.run import BenchConfig, run_bench
-    from stallfree.train.rundir import RunDir
-
-    recipe = load_recipe(args.recipe)
-    apply_overrides(recipe, ([f"train.device={args.device}"] if args.device else []) + args.overrides)
-    config = BenchConfig(
-        modes=[m for m in args.mode.split(",") if m],
-        repeats=args.repeats,
-        warmup=args.warmup,
-        batches=args.batches,
-        workers=args.workers,
-        threads=args.threads,
-        hw_decoder_loads=args.hw_decoder_load,
-    )
-    if args.backends:
-        config.backends = [b for b in args.backends.split(",") if b]
-    try:
-        config.validate()
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from exc
-    RunDir(args.out).check_writable()  # now, not after the whole benchmark
-    result = run_bench(recipe, config, progress=not args.no_progress)
-    written = write_report(result, args.out, command="stallfree " + " ".join(sys.argv[1:]))
-    print((Path(args.out) / "bench.md").read_text())
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     recipe = resolve_recipe(args, paths=True)  # before torch's import: said at once
     from stallfree.train.evaluate import evaluate_checkpoint
@@ -384,19 +207,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{result['val_top5']:.4f}, loss {result['val_loss']:.4f} on "
                 f"{result['samples']} val images"
             )
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from stallfree.train.export import export_checkpoint
-
-    info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
-    print(
-        f"wrote {', '.join(info['written'])} to {args.out} ({info['model']}, "
-        f"{info['num_classes']} classes, input {info['input']})"
-    )
-    for name, why in info["not_written"].items():
-        print(f"not written: {name}: {why}")
     return 0
 
 
@@ -438,11 +248,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "train": cmd_train,
-    "data": cmd_data,
-    "bench": cmd_bench,
+    "data": _data.cmd_data,
+    "bench": _bench.cmd_bench,
     "eval": cmd_eval,
     "compare": cmd_compare,
-    "export": cmd_export,
+    "export": _export.cmd_export,
     "predict": cmd_predict,
     "doctor": cmd_doctor,
 }

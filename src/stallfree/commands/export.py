@@ -1,0 +1,32 @@
+"""`stallfree export`: its parser and its handler (the work lives in `stallfree.train.export`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `stallfree export` on the CLI's sub-parsers."""
+    p = sub.add_parser("export", help="a checkpoint's weights as a state dict, TorchScript and ONNX")
+    p.add_argument("checkpoint", help="a ckpt-<step>.pt, best.pt, or a run directory (its newest)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="folder for state_dict.pt, model.torchscript.pt, "
+        "model.onnx (with the onnx package), export.json",
+    )
+    p.add_argument("--ema", action="store_true", help="export the EMA weights instead")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a checkpoint's weights; the exit code."""
+    from stallfree.train.export import export_checkpoint
+
+    info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
+    print(
+        f"wrote {', '.join(info['written'])} to {args.out} ({info['model']}, "
+        f"{info['num_classes']} classes, input {info['input']})"
+    )
+    for name, why in info["not_written"].items():
+        print(f"not written: {name}: {why}")
+    return 0
