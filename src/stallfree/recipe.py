@@ -46,6 +46,8 @@ class DataConfig:
     # Used by the synthetic backend when there is no data root.
     synthetic_samples: int = field(default=1024, metadata=at_least(1))
     synthetic_classes: int = field(default=10, metadata=at_least(1))
+    # No val/: this share of each train class, drawn with train.seed, is val (0: refuse the root).
+    val_fraction: float = field(default=0.0, metadata=at_least(0))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -347,6 +349,8 @@ def validate(recipe: Recipe) -> None:
     for key in ("hflip", "mix_prob", "random_erasing"):
         if not 0 <= getattr(aug, key) <= 1:
             raise RecipeError(f"augment.{key} = {getattr(aug, key)}; a probability in [0, 1]")
+    if not 0 <= recipe.data.val_fraction < 1:
+        raise RecipeError(f"data.val_fraction = {recipe.data.val_fraction}; 0 (off) or a share in (0, 1)")
     if not 0 <= recipe.train.ema_decay < 1:
         raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
     if recipe.loader.backend != "synthetic" and not recipe.data.root:
@@ -354,6 +358,10 @@ def validate(recipe: Recipe) -> None:
             f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
             "empty; set it in the recipe or with --set data.root=PATH"
         )
+
+
+# The fix for a folder root without val/, in both messages (here and the folder reader's).
+VAL_FIX = "; or set data.val_fraction (e.g. 0.05) to hold out that share of train/ for validation"
 
 
 def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
@@ -374,9 +382,10 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
             )
             raise RecipeError(f"data.root {root} does not exist{hint}")
         for split in ("train", "val") if data.format == "folder" else ():
-            if not (root / split).is_dir():
+            if not (root / split).is_dir() and not (split == "val" and data.val_fraction):
+                fix = VAL_FIX if split == "val" else ""
                 raise RecipeError(
-                    f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>"
+                    f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>{fix}"
                 )
     if data.file_list and not Path(data.file_list).is_file():
         raise RecipeError(

@@ -79,7 +79,7 @@ def measure_limit(
     dali_rate: Callable[[Recipe, int], float | None] | None = None,
 ) -> dict[str, Any]:
     """One measurement of the limit: images/s, the rate of every path per pass, the fastest."""
-    files = resolve_dataset(recipe.data).splits["train"].files
+    files = resolve_dataset(recipe.data, seed=recipe.train.seed).splits["train"].files
     picked = files[:: max(1, len(files) // sample)][:sample]
     paths = _paths(recipe)
     rates: dict[str, list[float]] = {name: [] for name in paths}

@@ -229,7 +229,7 @@ def build_loader(
         recipe = resolve_auto(recipe, device, dist)
         backend = registry.resolve(recipe.loader)
     if dataset is None and recipe.data.root:
-        dataset = resolve_dataset(recipe.data)
+        dataset = resolve_dataset(recipe.data, seed=recipe.train.seed)
     spec, tuning = autotuned(loader_spec(recipe, split, device, dist, dataset, backend), backend)
     loader = backend.build(spec)
     loader.autotune = tuning

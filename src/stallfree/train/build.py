@@ -51,7 +51,9 @@ class RunContext:
         """This context with the dataset listed (once; the slow part of a start)."""
         if self.dataset is not None or not self.recipe.data.root:
             return self
-        return dataclasses.replace(self, dataset=resolve_dataset(self.recipe.data))
+        return dataclasses.replace(
+            self, dataset=resolve_dataset(self.recipe.data, seed=self.recipe.train.seed)
+        )
 
     def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from stallfree.data.loader import Loader
+from stallfree.data.readers.folders import held_out_record
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
@@ -154,6 +155,9 @@ def train(
             sinks.open(run.path, tuple(recipe.train.trackers), _flat(recipe.to_dict()))
             if ctx.autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", ctx.autotune)
+            if recipe.data.val_fraction and ctx.dataset is not None:  # which train files val holds
+                held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
+                (run.path / "val_holdout.txt").write_text(held)
         _announce(ctx, found, start_epoch, trainer)
         summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, clock)
         all_ranks_here = True

@@ -13,10 +13,12 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
-from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder, hold_out
 from stallfree.errors import some_of
-from stallfree.recipe import DataConfig, Recipe
+from stallfree.recipe import VAL_FIX, DataConfig, Recipe
 
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
 # version's rules and pixel limit needs no header check at start, for the root it names.
@@ -33,15 +35,23 @@ def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
     return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
-def resolve_dataset(data: DataConfig) -> Dataset:
+def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
     """List `data.root/{train,val}/<class>/<image>` once, with train's classes as the label map.
 
     A val class that train lacks is an error (its label would mean nothing); a train class with
-    no val folder or no val images is a warning (its accuracy simply goes unmeasured).
+    no val folder or no val images is a warning (its accuracy simply goes unmeasured). With
+    `data.val_fraction`, a root without val/ holds out that share of train, drawn with `seed`
+    (train.seed).
     """
     from stallfree.data.readers import store
 
     store.configure(data.endpoint_url)
+    if data.val_fraction and (data.format != "folder" or store.is_remote(data.root) or data.file_list):
+        raise DatasetError(
+            f"data.val_fraction = {data.val_fraction} holds out part of a local folder root's "
+            "train/ (no data.file_list, data.format = folder); give this root a val split, or "
+            "set data.val_fraction = 0"
+        )
     if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
         from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
 
@@ -63,8 +73,10 @@ def resolve_dataset(data: DataConfig) -> Dataset:
         from stallfree.data.readers.remote import resolve_remote_folders
 
         return resolve_remote_folders(data.root, data.file_list)
-    root = _check_root(data.root)
+    root = _check_root(data.root, data.val_fraction)
     classes = tuple(_class_dirs(root / "train"))
+    if data.val_fraction:
+        return _held_out(root, classes, data.val_fraction, seed)
     val_dir = root / "val"
     unknown = sorted(set(_class_dirs(val_dir)) - set(classes))
     if unknown:
@@ -93,7 +105,28 @@ def _warn_unmeasured(val_dir: Path | str, classes: tuple[str, ...], val: Listing
         )
 
 
-def _check_root(root_text: str) -> Path:
+def _held_out(root: Path, classes: tuple[str, ...], fraction: float, seed: int) -> Dataset:
+    """train/ alone: `fraction` of each class, drawn with `seed`, is val and is not trained on."""
+    listing, subs = _list_split(root, "train", classes)
+    train, val = hold_out(listing, fraction, seed)
+    sources = (*(str(root / "train" / name) for name in classes), *subs)
+    return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
+
+
+def held_out_record(dataset: Dataset, fraction: float, seed: int) -> str:
+    """val_holdout.txt: the held-out files (paths relative to data.root), after one header
+    line with the count per class."""
+    val = dataset.splits["val"]
+    counts = np.bincount(val.labels, minlength=len(dataset.classes))
+    per_class = ", ".join(f"{name} {n}" for name, n in zip(dataset.classes, counts.tolist(), strict=True))
+    header = (
+        f"# data.val_fraction = {fraction} of train/, train.seed {seed}: {len(val)} files held "
+        f"out for val (per class: {per_class})"
+    )
+    return "\n".join([header, *(os.path.relpath(path, dataset.root) for path in val.iter_paths())]) + "\n"
+
+
+def _check_root(root_text: str, val_fraction: float = 0.0) -> Path:
     if not root_text:
         raise DatasetError("data.root is empty; set it in the recipe or with --set data.root=PATH")
     root = Path(root_text)
@@ -101,9 +134,16 @@ def _check_root(root_text: str) -> Path:
         hint = " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in root_text else ""
         raise DatasetError(f"data.root {root} does not exist{hint}")
     for split in SPLITS:
-        if not (root / split).is_dir():
+        present = (root / split).is_dir()
+        if split == "val" and val_fraction and present:
             raise DatasetError(
-                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>"
+                f"data.val_fraction = {val_fraction} holds out part of train/, but {root} has a "
+                "val/ folder; set data.val_fraction = 0 to validate on val/, or remove val/"
+            )
+        if not present and not (split == "val" and val_fraction):
+            fix = VAL_FIX if split == "val" else ""
+            raise DatasetError(
+                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>{fix}"
             )
     return root
 

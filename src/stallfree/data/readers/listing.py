@@ -73,6 +73,12 @@ class Listing:
             h.update(part)
         return h.hexdigest()
 
+    def subset(self, ids: np.ndarray) -> Listing:
+        """The samples `ids`, in that order, under the same prefix and classes."""
+        builder = ListingBuilder(self.prefix, self.classes)
+        builder.add([self.path(int(i))[len(self.prefix) :] for i in ids], self.labels[ids].tolist())
+        return builder.build()
+
     def nbytes(self) -> int:
         """Bytes held by the listing's three arrays."""
         return len(self.tails) + self.ends.nbytes + self.labels.nbytes
@@ -128,3 +134,18 @@ class Dataset:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+
+def hold_out(listing: Listing, fraction: float, seed: int) -> tuple[Listing, Listing]:
+    """(train, val): `fraction` of each class's samples (rounded; at least one, never all of a
+    class of two or more) drawn with (seed, label), so a class's draw does not move when other
+    classes change. Both keep the listing's order."""
+    held: list[np.ndarray] = []
+    for label in np.unique(listing.labels).tolist():
+        ids = np.flatnonzero(listing.labels == label)
+        count = min(len(ids) - 1, max(1, round(fraction * len(ids))))
+        rng = np.random.default_rng([seed % 2**32, label])
+        held.append(rng.choice(ids, size=count, replace=False) if count > 0 else ids[:0])
+    val = np.zeros(len(listing), dtype=bool)
+    val[np.concatenate(held)] = True
+    return listing.subset(np.flatnonzero(~val)), listing.subset(np.flatnonzero(val))
