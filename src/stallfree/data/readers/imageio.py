@@ -12,6 +12,8 @@ Pixel rules (DALI's, which the PIL path reproduces):
   * Alpha and tRNS transparency are ignored: the stored colour values are returned, with no
     compositing onto a background.
   * EXIF orientation is applied.
+
+Which formats, pixel modes and variants DALI decodes alike, rule by rule: `readers/compat.py`.
 """
 
 from __future__ import annotations
@@ -28,15 +30,8 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from stallfree.data.readers.headers import (
-    MEMBER,
-    jpeg2000_truncated,
-    jpeg_marker_problem,
-    png_is_animated,
-    read_bytes,
-    tiff_ifds_loop,
-    webp_is_lossless,
-)
+from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
+from stallfree.data.readers.headers import MEMBER, read_bytes
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 from stallfree.version import __version__
@@ -70,18 +65,7 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".mpo",
 )
 
-# PIL modes that decode alike in both backends. Absent on purpose: "F" (float: DALI scales
-# 0..1 to 0..255, PIL clips 0..255), "LAB" (DALI differs by ~14 levels), "I;16S" and the
-# premultiplied "RGBa"/"La" (untested, so refused rather than guessed).
-_MODES = frozenset(
-    {"1", "L", "P", "RGB", "RGBA", "LA", "CMYK", "YCbCr", "I;16", "I;16B", "I;16L", "I;16N", "I"}
-)
-_SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
-_ORIENTATION_TAG = 0x0112
 _EXIF_FORMATS = frozenset({"JPEG", "TIFF", "PNG", "WEBP", "MPO"})
-_TIFF_BITS_PER_SAMPLE = 258
-_TIFF_ROWS_PER_STRIP = 278
-_TIFF_TILE_WIDTH = 322
 # What PIL raises on broken data: OSError, bad headers (SyntaxError, ValueError), short reads
 # (EOFError, struct.error), out-of-range tables (IndexError) and, on fuzzed files, TypeError,
 # KeyError, ZeroDivisionError, MemoryError... Any exception while parsing an untrusted file
@@ -185,7 +169,7 @@ def open_lazy(
     img = _open_checked(path, max_pixels, data)
     try:
         exif = img.getexif() if img.format in _EXIF_FORMATS else {}
-        orientation = int(exif.get(_ORIENTATION_TAG, 1) or 1)
+        orientation = int(exif.get(ORIENTATION_TAG, 1) or 1)
     except _DECODE_ERRORS as exc:
         img.close()  # reading EXIF can be the first read past the header: truncated or corrupt
         raise BadImageError(path, f"cannot read: {_one_line(exc)}") from exc
@@ -218,7 +202,7 @@ def open_rgb(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
 
 def _to_rgb(img: Image.Image) -> Image.Image:
     """8-bit RGB of the stored colours: alpha and tRNS are dropped, as DALI does."""
-    if img.mode in _SIXTEEN_BIT:
+    if img.mode in SIXTEEN_BIT:
         # PIL's convert("L"/"RGB") clips 16-bit values at 255 (a white image); DALI rounds v/257
         # (measured exact over all 65536 values), which (2v + 257) // 514 is in integers.
         wide = np.clip(np.asarray(img).astype(np.int64), 0, 65535)
@@ -273,112 +257,9 @@ def _check_opened(img: Image.Image, path: str, max_pixels: int, data: bytes | No
             f"data.max_pixels ({max_pixels}): a decompression bomb or "
             "an oversized image",
         )
-    reason = _unshared_mode(img, path, data)
+    reason = unshared_mode(img, path, data)
     if reason:
         raise BadImageError(path, reason)
-
-
-def _unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str:
-    """Why this format/mode decodes differently (or not at all) in DALI; "" if it is fine."""
-    fmt, mode = img.format, img.mode
-    if mode not in _MODES or (mode == "I" and fmt not in ("PNG", "PPM")):
-        # "I" is 16-bit from PNG/PGM, but 32-bit from TIFF (which DALI cannot decode).
-        return f"pixel mode {mode} ({fmt}) is not decoded alike by both backends; save as 8-bit"
-    if fmt == "TIFF" and mode == "LA":
-        return "grey+alpha TIFF: DALI decodes it to wrong colours; save as L, RGB or PNG"
-    if fmt == "TIFF" and _TIFF_BITS_PER_SAMPLE not in img.tag_v2:
-        return "TIFF without a BitsPerSample tag: DALI cannot parse it; re-save with compression"
-    if fmt == "PPM" and img.tile:
-        args = img.tile[0][3]  # (rawmode, maxval) when PIL rescales; a bare rawmode otherwise
-        maxval = args[-1] if isinstance(args, tuple) else 255
-        if maxval not in (255, 65535):
-            # PIL scales by maxval; DALI ignores it (a maxval-100 image comes out dark).
-            return f"PNM with maxval {maxval}: only 255 and 65535 decode alike; re-save as 8-bit"
-    if fmt == "WEBP" and "exif" in img.info:
-        if webp_is_lossless(path, data):
-            return "lossless WebP with EXIF: DALI cannot parse it; re-save without EXIF or lossy"
-        if img.getexif().get(_ORIENTATION_TAG, 1) not in (1, None):
-            # DALI rotates some (PIL-written) and not others (Pillow's hopper_orientation_6.webp).
-            return "WebP with an EXIF rotation: DALI does not always apply it; re-save it upright"
-    if "RGBa" in str(img.tile) or "La;" in str(img.tile):
-        # Premultiplied alpha (PIL reports RGBA): PIL unpremultiplies, DALI keeps the stored values.
-        return "premultiplied-alpha image: the backends decode it differently; save without alpha"
-    rawmode = str(
-        img.tile[0][3][0]
-        if img.tile and isinstance(img.tile[0][3], tuple)
-        else img.tile[0][3]
-        if img.tile
-        else ""
-    )
-    if fmt == "TIFF":
-        return _tiff_problem(img)
-    if fmt == "BMP" and (img.info.get("compression") in (1, 2) or ";1" in rawmode[3:]):
-        return (
-            "run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; re-save as 24-bit BMP or PNG"
-        )
-    if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
-        return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
-    if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path, data)):
-        return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
-    if fmt == "JPEG2000":
-        return _jpeg2000_problem(img, path, data)
-    if fmt in ("JPEG", "MPO"):
-        return jpeg_marker_problem(path, data)
-    return ""
-
-
-def _jpeg2000_problem(img: Image.Image, path: str, data: bytes | None = None) -> str:
-    """JPEG 2000 files that DALI cannot decode, or that crash its decoder (measured on Pillow's
-    test images: a truncated codestream is a segfault); "" for the 8-bit kinds both read."""
-    if img.mode not in ("L", "RGB"):
-        return f"JPEG 2000 in mode {img.mode}: DALI cannot decode it; save as 8-bit"
-    if img.get_format_mimetype() == "image/jpx":
-        return "JPX (extended JPEG 2000): DALI cannot decode it; re-save as JP2 or PNG"
-    if jpeg2000_truncated(path, data):
-        return "truncated JPEG 2000 (no end-of-codestream marker): DALI's decoder crashes on it"
-    return ""
-
-
-def _tiff_problem(img: Image.Image) -> str:
-    """TIFF variants that PIL reads and DALI's decoders (libtiff, then OpenCV) do not (measured
-    on Pillow's own test images); "" for the plain 8-bit kinds both read alike."""
-    tags = img.tag_v2
-    if _TIFF_ROWS_PER_STRIP not in tags and _TIFF_TILE_WIDTH not in tags:
-        # Required in a striped TIFF; libtiff assumes one strip, DALI's fallback decoder
-        # (OpenCV) returns a wrong shape and its cropping decoder stops (Pillow's crash-74d2).
-        return "TIFF without a RowsPerStrip tag: DALI's decoder misreads it or stops; re-save the image"
-    compression = img.info.get("compression")
-    if compression in _TIFF_UNSHARED:
-        return (
-            f"TIFF with {compression} compression: DALI cannot decode it; "
-            "re-save with LZW, Deflate or no compression"
-        )
-    bits = tags.get(_TIFF_BITS_PER_SAMPLE, (8,))
-    bits = bits if isinstance(bits, tuple) else (bits,)
-    if tags.get(339, 1) not in (1, (1,)) or not set(bits) <= {1, 8, 16}:
-        return "TIFF with unusual samples (signed, or 2/4-bit): DALI cannot decode it; re-save as 8-bit"
-    if 16 in bits and img.mode not in _SIXTEEN_BIT:
-        return "16-bit colour TIFF: DALI cannot decode it; re-save as 8-bit"
-    if getattr(img, "n_frames", 1) != 1 or tiff_ifds_loop(img.fp):
-        return "multi-page TIFF: DALI cannot decode every one; save the page you want alone"
-    return ""
-
-
-# TIFF compressions that PIL reads and DALI's decoders (libtiff, OpenCV) do not (measured:
-# LZMA fails); the rest are rare codecs refused rather than guessed.
-_TIFF_UNSHARED = frozenset(
-    {
-        "tiff_lzma",
-        "lzma",
-        "zstd",
-        "webp",
-        "jpegxl",
-        "tiff_sgilog",
-        "tiff_sgilog24",
-        "tiff_thunderscan",
-        "tiff_jpeg",
-    }
-)  # old-style JPEG-in-TIFF, deprecated by libtiff
 
 
 _lift_lock = threading.Lock()
