@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,10 +32,15 @@ SCHEME = "s3://"
 # The endpoint of a data.endpoint_url key travels to every process (DataLoader workers, DALI's,
 # spawned or forked) through botocore's own service-specific variable.
 ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
-# Attempts per request (the first one included). With botocore's standard mode the waits are
-# random in [0, 2^n) s, capped at 20 s: ten attempts ride out a store restart of ~1 minute.
+# Attempts per request (the first one included), botocore's standard mode: waits random in
+# [0, 2^n) s with n the attempt, so a wrong endpoint is named at start within seconds.
 ATTEMPTS_ENV = "STALLFREE_S3_MAX_ATTEMPTS"
-DEFAULT_ATTEMPTS = 10
+DEFAULT_ATTEMPTS = 5
+# A store that does not answer at all (down, restarting, a partition) is waited for this long
+# by a read, with jittered pauses, before the read fails: botocore's attempts (and its
+# per-client retry quota, which an outage drains) are for blips, this budget for outages.
+OUTAGE_ENV = "STALLFREE_S3_OUTAGE_S"
+DEFAULT_OUTAGE_S = 120.0
 
 _lock = threading.Lock()
 _clients: dict[int, Any] = {}
@@ -47,6 +54,14 @@ class StoreError(StallfreeError):
         "check the URL, the endpoint (AWS_ENDPOINT_URL or data.endpoint_url) and the "
         "credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, or a role)"
     )
+
+    def __init__(self, message: str = "") -> None:
+        # torch's DataLoader re-raises a worker's error as this type, built from "Caught
+        # StoreError in DataLoader worker ... Original Traceback ...": keep the worker's line.
+        if message.startswith(f"Caught {type(self).__name__}"):
+            last = message.rstrip().splitlines()[-1]
+            message = last.partition(f"{type(self).__name__}: ")[2] or last
+        super().__init__(message)
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
@@ -143,14 +158,34 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _call(url: str, fn: str, **kwargs: Any) -> dict[str, Any]:
-    """One client call; a failure left after botocore's retries becomes a StoreError."""
+def _transient(exc: BaseException) -> bool:
+    """An error that says the store is not answering (rather than answering no)."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, ClientError):
+        return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500
+    return isinstance(exc, (ConnectionError, HTTPClientError))
+
+
+def _call(url: str, fn: str, *, patient: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """One client call; a failure left after botocore's retries (and, when `patient`, after
+    the outage budget) becomes a StoreError."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    try:
-        return _count(getattr(client(), fn)(**kwargs))
-    except (BotoCoreError, ClientError) as exc:
-        raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
+    deadline = None
+    while True:
+        try:
+            return _count(getattr(client(), fn)(**kwargs))
+        except (BotoCoreError, ClientError) as exc:
+            if patient and _transient(exc):
+                budget = float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_S)
+                deadline = deadline or time.monotonic() + budget
+                if time.monotonic() < deadline:
+                    _count({"ResponseMetadata": {"RetryAttempts": 1}})
+                    time.sleep(random.uniform(0.5, 2.0))  # jitter: workers do not come back in step
+                    continue
+                raise StoreError(f"{url}: {_reason(exc)} (still after {budget:.0f} s)") from None
+            raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
 
 
 def _body(url: str, response: dict[str, Any]) -> bytes:
@@ -254,13 +289,13 @@ def check_readable(url: str) -> None:
     StoreError naming the URL and the reason, before anything is written."""
     bucket, key = split_url(url)
     try:
-        _call(url, "head_bucket", Bucket=bucket)
+        _call(url, "head_bucket", patient=False, Bucket=bucket)
     except StoreError as exc:
         if "no such" in str(exc):  # HEAD has no body: a 404 on a bucket is the bucket
             raise StoreError(f"{url}: no such bucket {bucket!r}") from None
         raise
     prefix = key.rstrip("/") + "/" if key else ""
-    page = _call(url, "list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    page = _call(url, "list_objects_v2", patient=False, Bucket=bucket, Prefix=prefix, MaxKeys=1)
     if not page.get("KeyCount"):
         raise StoreError(f"{url}: no objects under this prefix (a wrong path?)")
 
