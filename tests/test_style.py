@@ -120,3 +120,11 @@ def test_mypy_refuses_a_schedule_where_a_side_is_expected(tmp_path: Path) -> Non
     assert result.returncode == 1, result.stdout + result.stderr
     assert '"crop" has incompatible type "int | list[list[int]]"' in result.stdout, result.stdout
     assert "[no-untyped-def]" in result.stdout, result.stdout
+
+
+def test_modules_stay_under_the_size_budget() -> None:
+    """A module is read in one sitting (STYLE.md: files under ~400 lines): one over 420 has
+    two jobs, and the seam between them is where it splits."""
+    package = ROOT / "src" / "stallfree"
+    sizes = {str(p.relative_to(package)): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
+    assert not {name: n for name, n in sizes.items() if n > 420}

@@ -52,9 +52,8 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class AugmentConfig:
-    # The train crops' schedule: one side for every epoch, or [epoch, size] pairs, each size
-    # from its epoch on (progressive resizing, e.g. [[0, 160], [12, 192]]; the first pair's
-    # epoch is 0). Only a schedule: one epoch's side is LoaderSpec.crop_size(epoch).
+    # The train crops' schedule (one epoch's side: LoaderSpec.crop_size): a side, or [epoch,
+    # size] pairs, each size from its epoch on (e.g. [[0, 160], [12, 192]]; the first at 0).
     image_size: int | list[list[int]] = field(default=224, metadata=at_least(1))
     resize_size: int = field(default=256, metadata=at_least(1))  # val: the shorter side first
     val_image_size: int = field(default=0, metadata=at_least(0))  # 0: the last train size

@@ -5,7 +5,7 @@ of the gradient norm decides whether the step happens (fp16 too: the optimizer i
 directly rather than through GradScaler.step, which would sync again on its own inf check).
 One per log interval to read the device-side loss sum. Under DDP the stop flag is all-reduced
 asynchronously after every optimizer step and read after the next one (by then it is done), so
-all ranks agree on a requested stop within two steps at no measurable cost.
+all ranks agree on a requested stop within two steps at no measurable cost (train/stopvote.py).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from tqdm import tqdm
 
 from stallfree.data.loader import Batch, Loader
 from stallfree.errors import StallfreeError
-from stallfree.log import LOGGER
-from stallfree.metrics import LogWindow, Sink, SinkSet, StepTimer, Totals, interval_line
+from stallfree.metrics import LogWindow, Sink, SinkSet, StepTimer, Totals
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
-from stallfree.train.distributed import all_reduce_sum
 from stallfree.train.ema import ModelEma, unwrap
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
+from stallfree.train.report import progress_bar, say_validation, show_interval
+from stallfree.train.stopvote import StopVote
 
 
 class NonFiniteLossError(StallfreeError, RuntimeError):
@@ -107,8 +107,7 @@ class Trainer:
         self._nonfinite_in_row = 0
         self._step_lr = 0.0  # the LR the last optimizer step used (what a log record reports)
         self._window = LogWindow.zeros(device)
-        # Under DDP: the stop flag's all-reduce started after the last step, read after this one.
-        self._stop_vote: tuple[Any, torch.Tensor] | None = None
+        self._stop = StopVote(self.dist, device)  # ranks agree on a requested stop
         self.totals = Totals()
         self.best_val_top1 = -1.0  # the best epoch's val top-1 (checkpointed)
         self.improved = False  # whether the last validation beat every earlier one
@@ -262,15 +261,7 @@ class Trainer:
         timer = StepTimer()
         total = max(total, count)
         first = total - count  # micro-batches of this epoch taken before this pass
-        bar = tqdm(
-            total=total,
-            initial=first,
-            desc=f"epoch {self.epoch}",
-            unit="batch",
-            leave=False,
-            dynamic_ncols=True,
-            disable=not self.config.progress or self.dist.rank != 0,
-        )
+        bar = progress_bar(self.epoch, total, first, self.config.progress and self.dist.rank == 0)
         seen, window = 0, []
         try:
             for batch in timer.iterate(batches):
@@ -285,38 +276,12 @@ class Trainer:
                     self._log(timer, bar, hooks)
                 if hooks.on_step is not None:
                     hooks.on_step(self)
-                if self._stop_agreed(hooks, last=seen == count):
+                if self._stop.agreed(hooks.stop_requested(), last=seen == count):
                     raise PreemptedError(f"stop requested at optimizer step {self.optimizer_steps}")
         finally:
             bar.close()  # also on preemption, OOM or a non-finite abort
         if seen != count or window:  # a window left open would leak into the next pass
             raise RuntimeError(f"the loader yielded {seen} batches where it announced {count}")
-
-    def _stop_agreed(self, hooks: TrainerHooks, last: bool) -> bool:
-        """True when any rank was asked to stop; every rank gets the same answer, so all stop
-        after the same optimizer step and none waits forever in a collective.
-
-        Under DDP each step starts an async all-reduce of this rank's flag and reads the one
-        started a step earlier: it finished while this step ran, so reading it costs nothing,
-        and a signal is honoured one or two steps after it came. The pass's last step settles
-        the vote at once, so no collective is left open across validation or the epoch end.
-        """
-        flag = hooks.stop_requested()
-        if self.dist.world_size <= 1:
-            return flag
-        agreed = False
-        if self._stop_vote is not None:
-            work, votes = self._stop_vote
-            work.wait()
-            agreed = bool(votes.item() > 0)  # after this step's own host sync: already there
-            self._stop_vote = None
-        if agreed:  # every rank read the same vote: all stop here, no collective left open
-            return True
-        votes = torch.tensor([float(flag)], device=self.device)
-        if last:
-            return bool(all_reduce_sum(votes).item() > 0)
-        self._stop_vote = (all_reduce_sum(votes, async_op=True), votes)
-        return False
 
     def _log(self, timer: StepTimer, bar: tqdm, hooks: TrainerHooks) -> None:
         # Every rank logs at the same steps, and the extras may be collectives (the skipped-count
@@ -339,15 +304,7 @@ class Trainer:
         self.totals.add(record, wait)
         record.update(extras)
         self._emit(record)
-        skipped = {"skipped": record["skipped_samples"]} if "skipped_samples" in record else {}
-        bar.set_postfix(
-            loss=f"{record['loss']:.3f}",
-            img_s=f"{record['images_per_s']:.0f}",
-            wait=f"{100 * record['data_wait_frac']:.0f}%",
-            **skipped,
-        )
-        if bar.disable and self.dist.rank == 0:  # no bar (a batch job's log): one plain line
-            LOGGER.info(interval_line(record))
+        show_interval(bar, record, self.dist.rank)
         self._window = LogWindow.zeros(self.device)
 
     def evaluate(self, loader: Loader) -> dict[str, float]:
@@ -404,12 +361,7 @@ class Trainer:
         if self.improved:
             self.best_val_top1 = val["val_top1"]
         self._emit({"step": self.optimizer_steps, "epoch": epoch, **val})
-        if self.dist.rank == 0:  # with or without a progress bar: a batch log needs it
-            LOGGER.info(
-                f"epoch {epoch}: val top-1 {val['val_top1']:.4f} "
-                f"top-5 {val['val_top5']:.4f} loss {val['val_loss']:.4f} "
-                f"({int(val['val_samples'])} images)"
-            )
+        say_validation(epoch, val, self.dist.rank)
         return val
 
     def state_dict(self) -> dict[str, Any]:
