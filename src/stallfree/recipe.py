@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from stallfree.data.readers.store import check_store_root  # torch-free, boto3 lazily
 from stallfree.tables import RecipeError, at_least, set_field
 from stallfree.tomlwrite import dumps_toml
 
@@ -35,9 +36,7 @@ class DataConfig:
     # folder: root/{train,val}/<class>/<image>; tar: root holds `stallfree data pack` shards.
     format: Literal["folder", "tar"] = "folder"
     file_list: str = ""
-    # An S3-compatible store's endpoint for an s3:// root; "" takes the standard
-    # AWS_ENDPOINT_URL (or AWS's own). Credentials come only from the standard chain.
-    endpoint_url: str = ""
+    endpoint_url: str = ""  # an s3:// root's store; "" takes AWS_ENDPOINT_URL (or AWS's own)
     # Images over this many pixels are refused before decoding (decompression bombs).
     max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=at_least(1))
     # A file that cannot be decoded: "raise" stops the run naming it; "skip" drops the sample
@@ -368,11 +367,7 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
     data = recipe.data
     if data.root.startswith("s3://"):  # before anything is written: one line naming the URL
-        from stallfree.data.readers import store
-
-        store.configure(data.endpoint_url)
-        for split in ("train", "val") if data.format == "folder" else ("",):
-            store.check_readable(store.join(data.root, split) if split else data.root)
+        check_store_root(data.root, data.format, data.endpoint_url)
     elif data.root and "://" not in data.root:
         root = Path(data.root)
         if not root.is_dir():

@@ -70,9 +70,7 @@ def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
 
         return resolve_foreign(Path(data.root))
     if store.is_remote(data.root):
-        from stallfree.data.readers.remote import resolve_remote_folders
-
-        return resolve_remote_folders(data.root, data.file_list)
+        return _remote_dataset(data.root.rstrip("/"), data.file_list)
     root = _check_root(data.root, data.val_fraction)
     classes = tuple(_class_dirs(root / "train"))
     if data.val_fraction:
@@ -92,6 +90,44 @@ def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
     # Sub-folders too: a file replaced in one moves its time, not the class folder's.
     sources = (*(str(root / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
+
+
+def _remote_dataset(root: str, file_list: str) -> Dataset:
+    """An ImageFolder-shaped s3:// prefix: the same samples, in the same order, as a local copy
+    gives (see data/readers/remote.py)."""
+    from stallfree.data.readers.remote import class_objects, remote_classes
+
+    classes = remote_classes(root)
+    if file_list:
+        return _from_file_list(root, classes, file_list)
+    splits, sources = {}, []
+    for split in SPLITS:
+        names, digest = class_objects(f"{root}/{split}", classes)
+        splits[split] = _split_of(f"{root}/{split}", split, classes, names)
+        sources.append(f"{root}/{split}#keys={digest}")  # no times to stat: the keys' ETags
+    _warn_unmeasured(f"{root}/val", classes, splits["val"])
+    return Dataset(root=root, classes=classes, splits=splits, sources=tuple(sources))
+
+
+def _split_of(split_url: str, split: str, classes: tuple[str, ...], names: list[list[str]]) -> Listing:
+    """A split's listing from each class's object names (the accepted image types only)."""
+    builder = ListingBuilder(split_url + "/", classes)
+    left_out: list[str] = []
+    for label, (name, files) in enumerate(zip(classes, names, strict=True)):
+        left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
+        files = [f"{name}/{f}" for f in files if _accepted(f)]
+        if not files and split == "train":
+            raise DatasetError(f"class prefix {split_url}/{name}/ has no images; add images or remove it")
+        builder.add(files, label)
+    if left_out:
+        warnings.warn(
+            f"{split_url}: left out {len(left_out)} object(s) that are not of an accepted "
+            f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
+            stacklevel=4,
+        )
+    if not len(builder):
+        raise DatasetError(f"{split_url}/ has no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return builder.build()
 
 
 def _warn_unmeasured(val_dir: Path | str, classes: tuple[str, ...], val: Listing) -> None:

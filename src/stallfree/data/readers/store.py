@@ -200,7 +200,7 @@ def _body(url: str, response: dict[str, Any]) -> bytes:
 def read(url: str, limit: int | None = None) -> bytes:
     """The object's bytes (at most `limit`)."""
     bucket, key = split_url(url)
-    extra = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
+    extra: dict[str, Any] = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
         try:
             return _body(url, _call(url, "get_object", Bucket=bucket, Key=key, **extra))
@@ -245,7 +245,7 @@ def exists(url: str) -> bool:
 def _pages(url: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
     """list_objects_v2 pages under `url` (a prefix), following continuation tokens."""
     bucket, key = split_url(url)
-    token: dict[str, str] = {}
+    token: dict[str, Any] = {}
     while True:
         page = _call(url, "list_objects_v2", Bucket=bucket, Prefix=key, **kwargs, **token)
         yield page
@@ -303,3 +303,10 @@ def check_readable(url: str) -> None:
 def digest_of(parts: list[str]) -> str:
     """One digest of several listing digests (the class prefixes of a split)."""
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def check_store_root(root: str, fmt: str, endpoint_url: str = "") -> None:
+    """`check_readable` on what a recipe's s3:// root must hold: train/ and val/ for folders."""
+    configure(endpoint_url)
+    for split in ("train", "val") if fmt == "folder" else ("",):
+        check_readable(join(root, split) if split else root)
