@@ -24,6 +24,9 @@ if os.environ.get("STALLFREE_CACHE") in (None, os.environ.get("_STALLFREE_TEST_C
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    # The same count for the runs tests start as subprocesses: a run compared bitwise with one
+    # made in this process must sum its convolutions over the same number of threads.
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
 
 
 # End-to-end modules: they train runs, start CLI subprocesses, torchrun or Slurm jobs. Every

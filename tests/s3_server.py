@@ -83,6 +83,9 @@ class Server:
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={self.ports['master']}",
             f"-volume.port={self.ports['volume']}", f"-filer.port={self.ports['filer']}",
             "-volume.max=200", "-master.volumeSizeLimitMB=256", f"-s3.config={self._identities()}",
+            # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101) by default: a
+            # second server (another pytest-xdist worker) would die on them. Off: 0.
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
         log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the child holds it)
         # Its own session, no inherited fds: a $(...) caller would otherwise wait on our pipes.

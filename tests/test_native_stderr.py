@@ -76,6 +76,7 @@ def test_dali_libpng_warnings_go_through_the_log_once(
             assert sum(len(batch.labels) for batch in loader) == 24
         finally:
             loader.close()
-    assert "libpng" not in capfd.readouterr().err
+    raw = [line for line in capfd.readouterr().err.splitlines() if "stallfree: libpng" not in line]
+    assert not [line for line in raw if "libpng" in line], raw  # only the log's own line, if any
     said = _said(caplog)
     assert len(said) == 1 and "iCCP: too short" in said[0], said
