@@ -33,15 +33,15 @@ def _pipeline(op: str) -> Any:
     return pipe
 
 
-def _dali(pipes: dict[str, Any], op: str, data: np.ndarray) -> list[int] | str:
-    """The decoded shape, or DALI's error (a failed pipeline is rebuilt for the next file)."""
+def _dali(pipes: dict[str, Any], op: str, data: np.ndarray) -> np.ndarray | str:
+    """The decoded pixels, or DALI's error (a failed pipeline is rebuilt for the next file)."""
     _ENCODED[:] = [data]
     try:
         (out,) = (pipes.get(op) or pipes.setdefault(op, _pipeline(op))).run()
     except RuntimeError as exc:
         pipes.pop(op, None)
         return str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else "failed"
-    return list(np.array(out.at(0)).shape)
+    return np.array(out.at(0))
 
 
 def sweep(paths: list[str]) -> None:
@@ -56,15 +56,26 @@ def sweep(paths: list[str]) -> None:
             record["refused"] = str(exc)
             print("RESULT", json.dumps(record), flush=True)
             continue
+        pixels = None
         try:  # the torch loader: the full decode (data check's) and the val transform
-            record["torch"] = list(np.asarray(open_rgb(path)).shape)
+            pixels = np.asarray(open_rgb(path))
+            record["torch"] = list(pixels.shape)
             val_transform(path, aug, 32)
         except BadImageError as exc:
             record["torch"] = str(exc)
         data = np.frombuffer(read_bytes(path), dtype=np.uint8)
         for op in ("image", "image_random_crop"):
             print("START", path, flush=True)
-            record[op] = _dali(pipes, op, data)
+            out = _dali(pipes, op, data)
+            record[op] = list(out.shape) if isinstance(out, np.ndarray) else out
+            if (
+                op == "image"
+                and isinstance(out, np.ndarray)
+                and pixels is not None
+                and out.shape == pixels.shape
+            ):
+                # Mean absolute difference of the whole decoded image, PIL's against DALI's.
+                record["diff"] = float(np.abs(out.astype(np.int16) - pixels.astype(np.int16)).mean())
         print("RESULT", json.dumps(record), flush=True)
 
 

@@ -307,3 +307,48 @@ def test_both_loaders_refuse_them_at_start_under_raise_and_skip(
         assert " refused " in line and _BREAKERS[kind] in line and any(v in line for v in victims)
     for line in lines[2:]:  # skip: left out with a warning naming it, the other 7 read
         assert " samples 7 " in line and any(v in line for v in victims), line
+
+
+def _bitfields_bmp(path: Path) -> Path:
+    """A 32-bit BMP with BI_BITFIELDS colour masks (Pillow writes none; cameras and Windows do)."""
+    w, h = 8, 6
+    pixels = bytes(range(256))[: w * h * 4]
+    info = (40).to_bytes(4, "little") + w.to_bytes(4, "little") + h.to_bytes(4, "little")
+    info += (1).to_bytes(2, "little") + (32).to_bytes(2, "little") + (3).to_bytes(4, "little")
+    info += len(pixels).to_bytes(4, "little") + bytes(16)
+    masks = b"".join(m.to_bytes(4, "little") for m in (0x00FF0000, 0x0000FF00, 0x000000FF))
+    head = b"BM" + (66 + len(pixels)).to_bytes(4, "little") + bytes(4) + (66).to_bytes(4, "little")
+    path.write_bytes(head + info + masks + pixels)
+    return path
+
+
+def _misplaced_bmp(path: Path) -> Path:
+    """A palette BMP whose file header says the pixels start where the palette does."""
+    Image.new("P", (8, 6), 3).save(path, "BMP")
+    data = bytearray(path.read_bytes())
+    data[10:14] = (54).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _turned_png(path: Path) -> Path:
+    Image.new("RGB", (8, 6), (200, 30, 30)).save(path, "PNG", exif=exif_block(6))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [(_bitfields_bmp, "bit-field"), (_misplaced_bmp, "pixel-data offset"), (_turned_png, "orientation")],
+)
+def test_files_the_loaders_decode_to_different_pixels_are_refused(tmp_path: Path, make, words: str) -> None:
+    """Pillow's corpus found three kinds that both loaders decode, to different pixels (13-95 grey
+    levels mean): BMP colour masks, a BMP pixel offset that contradicts its palette, and a PNG
+    orientation tag. The header check names them; a plain BMP and PNG still pass."""
+    from stallfree.data.readers.imageio import check_header
+
+    bad = make(tmp_path / f"bad.{'png' if make is _turned_png else 'bmp'}")
+    with pytest.raises(BadImageError, match=words):
+        check_header(str(bad))
+    for fmt in ("BMP", "PNG"):
+        Image.new("P", (8, 6), 3).save(tmp_path / f"ok.{fmt.lower()}", fmt)
+        check_header(str(tmp_path / f"ok.{fmt.lower()}"))

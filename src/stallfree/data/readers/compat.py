@@ -12,6 +12,7 @@ from stallfree.data.readers.headers import (
     jpeg2000_truncated,
     jpeg_marker_problem,
     png_is_animated,
+    read_bytes,
     tiff_ifds_loop,
     webp_is_lossless,
 )
@@ -63,18 +64,42 @@ def unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str
     )
     if fmt == "TIFF":
         return _tiff_problem(img)
-    if fmt == "BMP" and (img.info.get("compression") in (1, 2) or ";1" in rawmode[3:]):
-        return (
-            "run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; re-save as 24-bit BMP or PNG"
-        )
+    if fmt == "BMP":
+        return _bmp_problem(img, rawmode, path, data)
     if fmt == "PPM" and img.tile and img.tile[0][0] == "ppm_plain":
         return "plain-text (ASCII) PNM: DALI cannot parse every one; re-save as binary PNM or PNG"
     if fmt == "PNG" and (img.get_format_mimetype() == "image/apng" or png_is_animated(path, data)):
         return "animated PNG: DALI cannot decode every one; save its first frame as a PNG"
+    if fmt == "PNG" and img.getexif().get(ORIENTATION_TAG, 1) not in (1, None):
+        # An eXIf chunk, an ImageMagick EXIF text or XMP (Pillow's own test images): PIL turns
+        # the image, DALI does not (13-92 grey levels mean apart on Pillow's three).
+        return "PNG with an orientation tag (EXIF or XMP): PIL applies it, DALI does not; re-save it upright"
     if fmt == "JPEG2000":
         return _jpeg2000_problem(img, path, data)
     if fmt in ("JPEG", "MPO"):
         return jpeg_marker_problem(path, data)
+    return ""
+
+
+def _bmp_problem(img: Image.Image, rawmode: str, path: str, data: bytes | None) -> str:
+    """BMP variants DALI decodes differently from PIL (measured on Pillow's test images); ""
+    for the plain kinds both read alike."""
+    compression = img.info.get("compression")
+    if compression in (1, 2) or ";1" in rawmode[3:]:
+        return (
+            "run-length-encoded or 15/16-bit BMP: DALI cannot decode every one; re-save as 24-bit BMP or PNG"
+        )
+    if compression == 3:  # BI_BITFIELDS: DALI ignores the masks (rgb32h52.bmp: 40 levels off)
+        return "BMP with bit-field colour masks: DALI reads its channels apart; re-save as 24-bit BMP or PNG"
+    header = data[:14] if data is not None else read_bytes(path, 14)
+    pixels_at = int.from_bytes(header[10:14], "little") if len(header) >= 14 else -1
+    if img.tile and pixels_at != img.tile[0][2]:
+        # The file header's pixel offset contradicts the palette that precedes the pixels
+        # (mmap_error.bmp): PIL reads after the palette, DALI from the stated offset.
+        return (
+            f"BMP whose pixel-data offset ({pixels_at}) contradicts its header: the decoders read "
+            "different pixels; re-save it"
+        )
     return ""
 
 
