@@ -24,6 +24,7 @@ from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.readers.inflight import ReaderPool
 from stallfree.data.readers.listing import Listing
+from stallfree.data.readers.store import StoreError
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
 from stallfree.data.transforms.augment import train_transform, val_transform
@@ -93,6 +94,8 @@ def _read(read: Future[bytes]) -> bytes | None:
     the file and the reason, exactly as without reads in flight."""
     try:
         return read.result()
+    except StoreError:
+        raise  # final (retries and the outage budget spent) and names the object: no second try
     except Exception:  # noqa: BLE001 - reported by the transform's own read
         return None
 

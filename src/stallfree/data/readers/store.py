@@ -202,8 +202,11 @@ def read(url: str, limit: int | None = None) -> bytes:
     bucket, key = split_url(url)
     extra: dict[str, Any] = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
+        # A failed GET is final here: _call has already spent botocore's retries and the outage
+        # budget (retrying it again would triple the wait before a run that cannot go on stops).
+        response = _call(url, "get_object", Bucket=bucket, Key=key, **extra)
         try:
-            return _body(url, _call(url, "get_object", Bucket=bucket, Key=key, **extra))
+            return _body(url, response)
         except StoreError:
             if attempt == 2:
                 raise
