@@ -66,7 +66,14 @@ def test_make_says_how_to_put_stallfree_on_path() -> None:
     """What `make demo` and `make install` end with (`make -n`: printed, nothing run)."""
     for target in ("demo", "install"):
         done = subprocess.run(
-            ["make", "-n", target], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+            # --no-print-directory: under `make test` this make is a child, which would otherwise
+            # end its output with "Leaving directory".
+            ["make", "-n", "--no-print-directory", target],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         )
         last = [line for line in done.stdout.splitlines() if line.strip()][-1]
         assert "source .venv/bin/activate" in last, (target, done.stdout)
