@@ -64,6 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
         if "dali" in item.keywords and not HAS_DALI:
             item.add_marker(skip_dali)
+    # The long tests first (a stable sort): under pytest-xdist they then run beside the short
+    # ones instead of starting last and holding the whole run up at its end.
+    items.sort(key=lambda item: not ("slow" in item.keywords or "slurm" in item.keywords))
 
 
 @pytest.fixture(scope="session")

@@ -174,6 +174,7 @@ def test_measurements_on_tiny_data(image_root: Path) -> None:
     assert bare["images_per_s"] > 0 and bare["step_ms"] > 0
 
 
+@pytest.mark.slow
 def test_run_bench_interleaves_in_fresh_processes(image_root: Path) -> None:
     config = BenchConfig(
         backends=["torch", "synthetic"],

@@ -143,6 +143,7 @@ def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Pat
     assert train(recipe, tmp_path, progress=False, resume="auto", force=True)["optimizer_steps"] > 4
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) -> None:
     recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1})
     proc, cmd, run = train_until_logged(recipe, tmp_path, records=3)

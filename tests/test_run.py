@@ -27,6 +27,7 @@ def learnable_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> None:
     recipe = small_recipe(
         learnable_root,
@@ -119,6 +120,7 @@ def _torchrun(*args: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path, tmp_path: Path) -> None:
     """1 rank -> 2 ranks (DDP over gloo) at a step boundary; SIGTERM to torchrun leaves the
     marker that the requeue loop reads; 2 ranks -> 1 rank finishes the run."""
