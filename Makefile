@@ -42,7 +42,7 @@ demo: $(STAMP) $(DEMO)/.complete
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 # What tests/test_style.py checks, alone and in seconds (.pre-commit-config.yaml runs the same).
 lint: $(STAMP)

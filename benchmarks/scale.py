@@ -90,7 +90,7 @@ def _child(args: argparse.Namespace) -> None:
     """One measurement in a fresh process; prints one JSON line."""
     import torch
 
-    from stallfree.data.loader import build_loader
+    from stallfree.data.build import build_loader
     from stallfree.data.readers.folders import resolve_dataset
     from stallfree.recipe import recipe_from_dict
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.recipe import recipe_from_dict
 
 RAW = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}  # "normalised" output = uint8 pixel values

@@ -14,7 +14,7 @@ from helpers import small_recipe
 
 import stallfree.data.autotune as autotune
 import stallfree.data.choose as auto
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
 from stallfree.train.build import prepare, prepare_recipe

@@ -16,7 +16,7 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE, SUITES, apply_op, auto_augment
 from stallfree.recipe import RecipeError, apply_overrides, validate
 

@@ -24,7 +24,7 @@ from stallfree.bench.run import (
     run_bench,
     stream,
 )
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.tools.demo import write_demo
 
 CPU = torch.device("cpu")

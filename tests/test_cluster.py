@@ -19,7 +19,7 @@ import torch
 from helpers import small_recipe
 
 import stallfree.data.readers.startup_check as startup
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import BadImageError, bad_headers
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train

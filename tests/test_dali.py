@@ -10,7 +10,7 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 
 pytestmark = pytest.mark.dali

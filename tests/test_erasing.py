@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import small_recipe
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.recipe import RecipeError, apply_overrides, validate
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from helpers import exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import DataConfig, dump_toml
@@ -55,7 +55,7 @@ def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
     script = (
         "import torch, sys\n"
         "from stallfree.recipe import load_recipe\n"
-        "from stallfree.data.loader import build_loader\n"
+        "from stallfree.data.build import build_loader\n"
         f"loader = build_loader(load_recipe({str(recipe)!r}), 'val', "
         "device=torch.device('cpu'))\n"
         "list(loader)  # raises BadImageError, and the loader is never closed\n"
@@ -255,7 +255,7 @@ def test_files_dali_cannot_decode_are_refused_by_the_header_check(
 _LOAD_BOTH_POLICIES = """
 import sys, warnings, torch
 from stallfree.recipe import load_recipe, recipe_from_dict
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import BadImageError
 for policy in ("raise", "skip"):
     recipe = load_recipe(sys.argv[1] if policy == "raise" else sys.argv[2])

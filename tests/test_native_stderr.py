@@ -13,7 +13,7 @@ import torch
 from helpers import small_recipe
 from PIL import Image
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.tools.demo import write_demo
 from stallfree.log import NativeStderr
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import small_recipe
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.recipe import AugmentConfig
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train

@@ -14,7 +14,7 @@ import torch
 from helpers import exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.readers import headers
 from stallfree.data.readers.imageio import BadImageError, check_header
 from stallfree.parallel import DistInfo

@@ -65,6 +65,7 @@ def test_a_store_that_stays_down_ends_the_run_in_one_line(
     server: Server, image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(store.OUTAGE_ENV, "3")
+    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")  # botocore's own retries: the outage budget is what is tested
     url = upload_tree(server.client(), image_root, "faults", "data")
     proc, _, _ = train_until_logged(_recipe(url), tmp_path, records=2)
     server.kill()

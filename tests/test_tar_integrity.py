@@ -16,7 +16,7 @@ import torch
 from helpers import small_recipe
 
 from stallfree.cli import main
-from stallfree.data.loader import build_loader
+from stallfree.data.build import build_loader
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.tarshards import ShardError
 from stallfree.recipe import DataConfig

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.log import LOGGER
 from stallfree.parallel import cpu_workers
 
-if TYPE_CHECKING:  # annotations only: the loader module calls this one, never the reverse
+if TYPE_CHECKING:  # annotations only: data/build.py calls this one, never the reverse
     from stallfree.data.loader import Loader, LoaderSpec
     from stallfree.data.registry import ResolvedBackend
     from stallfree.recipe import LoaderConfig

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from stallfree.data import autotune, registry
+from stallfree.data.build import build_loader, measure_auto_count
 from stallfree.data.choose import resolve_auto
-from stallfree.data.loader import Loader, build_loader, measure_auto_count
+from stallfree.data.loader import Loader
 from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
 from stallfree.data.registry import ResolvedBackend
 from stallfree.log import LOGGER
