@@ -156,3 +156,14 @@ def exif_block(orientation: int) -> bytes:
     exif[0x0112] = orientation
     raw = exif.tobytes()
     return raw if raw.startswith(b"Exif\x00\x00") else b"Exif\x00\x00" + raw
+
+
+def torchrun_train(*args: str) -> list[str]:
+    """`torchrun --nproc_per_node 2 --standalone -m stallfree train ARGS --no-progress`: two CPU
+    ranks on this machine (gloo), as the DDP tests launch them."""
+    import sys
+
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        "-m", "stallfree", "train", *args, "--no-progress",
+    ]  # fmt: skip

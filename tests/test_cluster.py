@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import small_recipe, torchrun_train
 
 import stallfree.data.readers.startup_check as startup
 from stallfree.data.build import build_loader
@@ -159,22 +159,7 @@ def test_a_recipe_error_under_torchrun_is_said_once(image_root: Path, tmp_path: 
     path = tmp_path / "r.toml"
     path.write_text(dump_toml(small_recipe(image_root)))
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--standalone",
-            "-m",
-            "stallfree",
-            "train",
-            str(path),
-            "--out",
-            str(tmp_path / "run"),
-            "--set",
-            "train.batch_size=abc",
-        ],
+        torchrun_train(str(path), "--out", str(tmp_path / "run"), "--set", "train.batch_size=abc"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -260,21 +245,7 @@ def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: 
     log = tmp_path / "log"
     with log.open("w") as out:  # a file, not a pipe: a stuck rank would hold a pipe open
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                "2",
-                "--standalone",
-                "-m",
-                "stallfree",
-                "train",
-                str(path),
-                "--out",
-                str(run),
-                "--no-progress",
-            ],
+            torchrun_train(str(path), "--out", str(run)),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

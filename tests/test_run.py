@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe, train_until_logged
+from helpers import small_recipe, torchrun_train, train_until_logged
 
 from stallfree.cli import main
 from stallfree.data.tools.demo import write_demo
@@ -104,22 +104,6 @@ def test_python_dash_m_entry_point() -> None:
     assert "train" in result.stdout and "data" in result.stdout
 
 
-def _torchrun(*args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--standalone",
-        "-m",
-        "stallfree",
-        "train",
-        *args,
-        "--no-progress",
-    ]
-
-
 @pytest.mark.slow
 def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path, tmp_path: Path) -> None:
     """1 rank -> 2 ranks (DDP over gloo) at a step boundary; SIGTERM to torchrun leaves the
@@ -155,7 +139,7 @@ def test_torchrun_resumes_another_world_size_and_is_preempted(image_root: Path, 
         (run / "checkpoints" / f"ckpt-{late:09d}.pt").unlink()
     (run / "summary.json").unlink()
     # --force: the recipe's 40 epochs, not the 1 the first run was told (a re-laid schedule).
-    two = _torchrun(
+    two = torchrun_train(
         str(recipe_path), "--out", str(run), "--resume", "auto", "--force", "--set", "train.batch_size=4"
     )
     proc = subprocess.Popen(

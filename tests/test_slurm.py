@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import small_recipe, torchrun_train
 
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import Checkpointer
@@ -135,21 +135,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     # The uninterrupted reference, beside it: the same two ranks under torchrun (one thread
     # each, like one srun task with one CPU).
     reference = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--standalone",
-            "-m",
-            "stallfree",
-            "train",
-            str(path),
-            "--out",
-            str(tmp_path / "reference"),
-            "--no-progress",
-        ],
+        torchrun_train(str(path), "--out", str(tmp_path / "reference")),
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "reference.log", "w"),  # noqa: SIM115 - the child holds it
         env=env,
