@@ -114,19 +114,34 @@ def _split_of(split_url: str, split: str, classes: tuple[str, ...], names: list[
     builder = ListingBuilder(split_url + "/", classes)
     left_out: list[str] = []
     for label, (name, files) in enumerate(zip(classes, names, strict=True)):
-        left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
-        files = [f"{name}/{f}" for f in files if _accepted(f)]
-        if not files and split == "train":
-            raise DatasetError(f"class prefix {split_url}/{name}/ has no images; add images or remove it")
-        builder.add(files, label)
+        empty = f"class prefix {split_url}/{name}/ has no images; add images or remove it"
+        _add_class(builder, label, name, files, left_out, empty if split == "train" else "")
+    return _built(builder, f"{split_url}/", left_out, "object(s)", stacklevel=5)
+
+
+def _add_class(
+    builder: ListingBuilder, label: int, name: str, files: list[str], left_out: list[str], empty: str
+) -> None:
+    """One class's files of an accepted image type into the listing, the others into
+    `left_out`; `empty` (when given) is the error for a class with none."""
+    left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
+    kept = [f"{name}/{f}" for f in files if _accepted(f)]
+    if not kept and empty:
+        raise DatasetError(empty)
+    builder.add(kept, label)
+
+
+def _built(builder: ListingBuilder, where: str, left_out: list[str], things: str, stacklevel: int) -> Listing:
+    """The listing, once the left-out names are said in one warning (at the caller `stacklevel`
+    frames up, as warnings.warn counts them); an empty split is an error."""
     if left_out:
         warnings.warn(
-            f"{split_url}: left out {len(left_out)} object(s) that are not of an accepted "
+            f"{where.rstrip('/')}: left out {len(left_out)} {things} that are not of an accepted "
             f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
     if not len(builder):
-        raise DatasetError(f"{split_url}/ has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        raise DatasetError(f"{where} has no images ({', '.join(IMAGE_EXTENSIONS)})")
     return builder.build()
 
 
@@ -259,23 +274,12 @@ def _list_split(
             continue  # a training class without val images: warned about by resolve_dataset
         files, subs = class_files(folder)
         sub_folders += [str(folder / sub) for sub in subs]
-        left_out += [f"{name}/{f}" for f in files if not _accepted(f)]
-        files = [f"{name}/{f}" for f in files if _accepted(f)]
-        if not files and split == "train":
-            raise DatasetError(
-                f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
-                "add images or remove the folder"
-            )
-        builder.add(files, label)
-    if left_out:
-        warnings.warn(
-            f"{split_dir}: left out {len(left_out)} file(s) that are not of an accepted "
-            f"image type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
-            stacklevel=3,
+        empty = (
+            f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
+            "add images or remove the folder"
         )
-    if not len(builder):
-        raise DatasetError(f"{split_dir} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return builder.build(), sub_folders
+        _add_class(builder, label, name, files, left_out, empty if split == "train" else "")
+    return _built(builder, str(split_dir), left_out, "file(s)", stacklevel=4), sub_folders
 
 
 def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) -> Dataset:
