@@ -156,8 +156,9 @@ def _check_declared(cls: type[Any], path: str, source: str) -> None:
                 "str, a Literal, a list or str-keyed dict of those, or a nested dataclass "
                 '(TOML has no null: a str defaulting to "" rather than None)'
             )
-        default = f.default if f.default is not _UNSET else f.default_factory()
-        if dataclasses.is_dataclass(hint):
+        # dataclasses refuse both a default and a factory, so a callable factory is the default
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             _check_declared(hint, f"{path}.{f.name}", source)
         else:
             _check_type(default, hint, f"{where} (its default)")
@@ -171,6 +172,6 @@ def _texts_as_declared(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
         hint = hints.get(key)
         if hint is str and isinstance(value, (bool, int, float)):
             out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        elif dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
             out[key] = _texts_as_declared(hint, value)
     return out
