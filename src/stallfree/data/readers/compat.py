@@ -6,7 +6,9 @@ would decode differently or not at all in DALI; `imageio` refuses such a file up
 
 from __future__ import annotations
 
-from PIL import Image
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from PIL import ImageFile
 
 from stallfree.data.readers.headers import (
     jpeg2000_truncated,
@@ -16,6 +18,9 @@ from stallfree.data.readers.headers import (
     tiff_ifds_loop,
     webp_is_lossless,
 )
+
+if TYPE_CHECKING:  # PIL imports its TIFF plugin when it opens one; no import here otherwise
+    from PIL.TiffImagePlugin import ImageFileDirectory_v2, TiffImageFile
 
 # PIL modes that decode alike in both backends. Absent on purpose: "F" (float: DALI scales
 # 0..1 to 0..255, PIL clips 0..255), "LAB" (DALI differs by ~14 levels), "I;16S" and the
@@ -30,7 +35,7 @@ _TIFF_ROWS_PER_STRIP = 278
 _TIFF_TILE_WIDTH = 322
 
 
-def unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str:
+def unshared_mode(img: ImageFile.ImageFile, path: str, data: bytes | None = None) -> str:
     """Why this format/mode decodes differently (or not at all) in DALI; "" if it is fine."""
     fmt, mode = img.format, img.mode
     if mode not in _MODES or (mode == "I" and fmt not in ("PNG", "PPM")):
@@ -38,7 +43,7 @@ def unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str
         return f"pixel mode {mode} ({fmt}) is not decoded alike by both backends; save as 8-bit"
     if fmt == "TIFF" and mode == "LA":
         return "grey+alpha TIFF: DALI decodes it to wrong colours; save as L, RGB or PNG"
-    if fmt == "TIFF" and _TIFF_BITS_PER_SAMPLE not in img.tag_v2:
+    if fmt == "TIFF" and _TIFF_BITS_PER_SAMPLE not in _tiff_tags(img):
         return "TIFF without a BitsPerSample tag: DALI cannot parse it; re-save with compression"
     if fmt == "PPM" and img.tile:
         args = img.tile[0][3]  # (rawmode, maxval) when PIL rescales; a bare rawmode otherwise
@@ -81,7 +86,7 @@ def unshared_mode(img: Image.Image, path: str, data: bytes | None = None) -> str
     return ""
 
 
-def _bmp_problem(img: Image.Image, rawmode: str, path: str, data: bytes | None) -> str:
+def _bmp_problem(img: ImageFile.ImageFile, rawmode: str, path: str, data: bytes | None) -> str:
     """BMP variants DALI decodes differently from PIL (measured on Pillow's test images); ""
     for the plain kinds both read alike."""
     compression = img.info.get("compression")
@@ -103,7 +108,7 @@ def _bmp_problem(img: Image.Image, rawmode: str, path: str, data: bytes | None) 
     return ""
 
 
-def _jpeg2000_problem(img: Image.Image, path: str, data: bytes | None = None) -> str:
+def _jpeg2000_problem(img: ImageFile.ImageFile, path: str, data: bytes | None = None) -> str:
     """JPEG 2000 files that DALI cannot decode, or that crash its decoder (measured on Pillow's
     test images: a truncated codestream is a segfault); "" for the 8-bit kinds both read."""
     if img.mode not in ("L", "RGB"):
@@ -115,10 +120,15 @@ def _jpeg2000_problem(img: Image.Image, path: str, data: bytes | None = None) ->
     return ""
 
 
-def _tiff_problem(img: Image.Image) -> str:
+def _tiff_tags(img: ImageFile.ImageFile) -> ImageFileDirectory_v2:
+    """The tags of an image whose format is TIFF (PIL's TiffImageFile, which has `tag_v2`)."""
+    return cast("TiffImageFile", img).tag_v2
+
+
+def _tiff_problem(img: ImageFile.ImageFile) -> str:
     """TIFF variants that PIL reads and DALI's decoders (libtiff, then OpenCV) do not (measured
     on Pillow's own test images); "" for the plain 8-bit kinds both read alike."""
-    tags = img.tag_v2
+    tags = _tiff_tags(img)
     if _TIFF_ROWS_PER_STRIP not in tags and _TIFF_TILE_WIDTH not in tags:
         # Required in a striped TIFF; libtiff assumes one strip, DALI's fallback decoder
         # (OpenCV) returns a wrong shape and its cropping decoder stops (Pillow's crash-74d2).
@@ -135,7 +145,8 @@ def _tiff_problem(img: Image.Image) -> str:
         return "TIFF with unusual samples (signed, or 2/4-bit): DALI cannot decode it; re-save as 8-bit"
     if 16 in bits and img.mode not in SIXTEEN_BIT:
         return "16-bit colour TIFF: DALI cannot decode it; re-save as 8-bit"
-    if getattr(img, "n_frames", 1) != 1 or tiff_ifds_loop(img.fp):
+    # Opened, not loaded: `fp` is the file (PIL types it Optional for after a close).
+    if getattr(img, "n_frames", 1) != 1 or tiff_ifds_loop(cast(BinaryIO, img.fp)):
         return "multi-page TIFF: DALI cannot decode every one; save the page you want alone"
     return ""
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
 from stallfree.data.readers.headers import MEMBER, read_bytes
@@ -213,7 +213,7 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def _open_checked(path: str, max_pixels: int, data: bytes | None = None) -> Image.Image:
+def _open_checked(path: str, max_pixels: int, data: bytes | None = None) -> ImageFile.ImageFile:
     """Lazily open `path` and refuse, from the header, what the backends cannot share."""
     try:
         # PIL's own bomb check is lifted so that ours runs, with the size and the setting named.
@@ -241,7 +241,7 @@ def _open_checked(path: str, max_pixels: int, data: bytes | None = None) -> Imag
     return img
 
 
-def _check_opened(img: Image.Image, path: str, max_pixels: int, data: bytes | None = None) -> None:
+def _check_opened(img: ImageFile.ImageFile, path: str, max_pixels: int, data: bytes | None = None) -> None:
     """Raise BadImageError if the opened header is not something both backends decode alike."""
     if img.format not in ACCEPTED_FORMATS:
         raise BadImageError(
