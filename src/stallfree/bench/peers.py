@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -111,11 +111,13 @@ def _normalise(pixels: np.ndarray, aug: AugmentConfig) -> torch.Tensor:
 def pil_crop(img: Image.Image, aug: AugmentConfig) -> torch.Tensor:
     """RandomResizedCrop + flip + ToTensor + Normalize on a PIL image, Python's `random`
     seeded per worker by the DataLoader (torchvision's recipe)."""
-    left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, random)
+    # The module's functions are the methods of its hidden Random, the one the DataLoader seeds.
+    rng = cast(random.Random, random)
+    left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, rng)
     size = aug.size_at(0)  # peers train at one size
-    img = img.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+    img = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
     if random.random() < aug.hflip:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return _normalise(np.array(img), aug)  # a copy, as ToTensor makes: asarray is read-only
 
 

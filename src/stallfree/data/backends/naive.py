@@ -38,9 +38,9 @@ def naive_train(
     rng = random.Random(seed)
     img = open_rgb(path, max_pixels)
     left, top, w, h = random_resized_crop_box(img.width, img.height, aug.scale, aug.ratio, rng)
-    img = img.crop((left, top, left + w, top + h)).resize((side, side), Image.BILINEAR)
+    img = img.crop((left, top, left + w, top + h)).resize((side, side), Image.Resampling.BILINEAR)
     if rng.random() < aug.hflip:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return _to_normalised_tensor(np.asarray(img), aug)
 
 

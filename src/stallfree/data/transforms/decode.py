@@ -132,8 +132,8 @@ def decode_resized(
         except ValueError:
             # libjpeg-turbo's warnings are errors under strict mode (corrupt data); PIL decides
             # those files as it always did: decoded, or named in a BadImageError.
-            img, _ = open_lazy(opened.path, opened.width * opened.height, data=opened.data)
-            opened = Opened(opened.path, opened.width, opened.height, img)
+            lazy, _ = open_lazy(opened.path, opened.width * opened.height, data=opened.data)
+            opened = Opened(opened.path, opened.width, opened.height, lazy)
         else:
             return _resize_array(
                 pixels,
@@ -150,9 +150,9 @@ def decode_resized(
     sx, sy = img.width / opened.width, img.height / opened.height
     left, top, w, h = box
     img = img.resize(
-        (width, height), Image.BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+        (width, height), Image.Resampling.BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy)
     )
-    return np.array(img.transpose(Image.FLIP_LEFT_RIGHT) if flip else img)
+    return np.array(img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else img)
 
 
 def _scaled_box(box: tuple[int, int, int, int], sx: float, sy: float) -> tuple[int, int, int, int]:
