@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 from stallfree.log import LOGGER
 
@@ -207,6 +207,9 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+_WandbMode = Literal["online", "offline", "disabled", "shared"]  # wandb.init's `mode`
+
+
 class WandbSink:
     """Metrics to Weights & Biases, offline by default (RUN/wandb; `wandb sync` uploads it);
     WANDB_MODE=online and WANDB_PROJECT as W&B reads them. A resumed run opens a new W&B run
@@ -220,7 +223,8 @@ class WandbSink:
             name=run_dir.name,
             config=params,
             project=os.environ.get("WANDB_PROJECT", "stallfree"),
-            mode=os.environ.get("WANDB_MODE", "offline"),
+            # Any other text is refused by W&B itself, naming the modes it knows.
+            mode=cast(_WandbMode, os.environ.get("WANDB_MODE", "offline")),
         )
 
     def write(self, record: dict[str, Any]) -> None:
@@ -230,7 +234,11 @@ class WandbSink:
         self.run.finish()
 
 
-TRACKERS = {"mlflow": (MlflowSink, "mlflow-skinny"), "wandb": (WandbSink, "wandb")}
+# train.trackers name -> (its sink, the package that sink needs)
+TRACKERS: dict[str, tuple[type[MlflowSink | WandbSink], str]] = {
+    "mlflow": (MlflowSink, "mlflow-skinny"),
+    "wandb": (WandbSink, "wandb"),
+}
 MLFLOW_RUN_FILE = "mlflow_run.json"  # in the run directory: the MLflow run a resume continues
 
 
@@ -243,7 +251,8 @@ def open_sinks(
     """metrics.jsonl always; TensorBoard when the package is importable (else one warning with
     the install command); the trackers asked for (train.trackers), given the flattened recipe
     as their run's parameters."""
-    sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    jsonl = JsonlSink(run_dir / "metrics.jsonl")
+    sinks: list[Sink] = [jsonl]
     if tensorboard:
         try:
             sinks.append(TensorBoardSink(run_dir / "tb"))
@@ -256,7 +265,7 @@ def open_sinks(
             )
     # A resume has kept metrics records (RunDir.start cut them back to its checkpoint's): the
     # trackers continue their runs. A start from scratch opens new ones.
-    resumed = sinks[0].records > 0
+    resumed = jsonl.records > 0
     for name in trackers:
         sinks.append(TRACKERS[name][0](run_dir, params or {}, resumed=resumed))
     return sinks
