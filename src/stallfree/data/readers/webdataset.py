@@ -16,16 +16,17 @@ so a compressed shard is refused by name, with the command that decompresses it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tarfile
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
+from stallfree.data.readers import store
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cache_dir, stat_key, write_cache_file
-from stallfree.data.readers.tarshards import Entry, ShardError
+from stallfree.data.readers.tarshards import Entry, RangedFile, ShardError
 from stallfree.errors import some_of
 
 # webdataset.tariterators (1.0), copied so the grouping is exactly its own: a member's key is
@@ -52,12 +53,41 @@ _MAGIC = {
 _WHY_PLAIN = "stallfree reads samples in place by offset, which needs a plain (uncompressed) tar"
 
 
-def _shard_files(root: Path, split: str) -> list[Path]:
+# A foreign root's shards: local paths, or s3:// URLs with their (size, ETag) from one listing.
+Shard = Path | str
+
+
+def _listing(root: str) -> dict[str, tuple[int, str]]:
+    """The objects right under an s3:// root and its train/ and val/, {name relative to the
+    root: (size, ETag)}: where shards can be, listed without walking anything deeper (an
+    ImageFolder's class prefixes, when `data check` asks whether ROOT holds shards)."""
+    found = store.list_objects(root, shallow=True)
+    for split in SPLITS:
+        found |= {
+            f"{split}/{k}": v for k, v in store.list_objects(store.join(root, split), shallow=True).items()
+        }
+    return found
+
+
+def _shard_files(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None = None) -> list[Shard]:
     """The split's shard files, plain and compressed: ROOT/SPLIT/*, else ROOT/SPLIT*."""
+    suffixes = (".tar", *_COMPRESSED_NAMES)
+    if store.is_remote(root):
+        names = _listing(str(root)) if listed is None else listed
+        inside = any(name.startswith(f"{split}/") for name in names)
+        prefix = f"{split}/" if inside else split
+        return [
+            store.join(str(root), name)
+            for name in sorted(names)
+            if name.startswith(prefix)
+            and "/" not in name[len(prefix) if inside else 0 :]
+            and not name.rpartition("/")[2].startswith(".")
+            and name.endswith(suffixes)
+        ]
+    root = Path(root)
     place, prefix = (root / split, "") if (root / split).is_dir() else (root, split)
     if not place.is_dir():
         return []
-    suffixes = (".tar", *_COMPRESSED_NAMES)
     return sorted(
         p
         for p in place.iterdir()
@@ -65,15 +95,19 @@ def _shard_files(root: Path, split: str) -> list[Path]:
     )
 
 
-def is_shard_folder(root: Path) -> bool:
-    """Whether ROOT holds train shards (plain or compressed) rather than class folders."""
+def is_shard_folder(root: Shard) -> bool:
+    """Whether ROOT (a folder or an s3:// prefix) holds train shards rather than class folders."""
     return bool(_shard_files(root, "train"))
 
 
-def _split_shards(root: Path, split: str) -> list[Path]:
-    shards = _shard_files(root, split)
+def _name(shard: Shard) -> str:
+    return shard.name if isinstance(shard, Path) else shard.rpartition("/")[2]
+
+
+def _split_shards(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None) -> list[Shard]:
+    shards = _shard_files(root, split, listed)
     for shard in shards:
-        suffix = next((s for s in _COMPRESSED_NAMES if shard.name.endswith(s)), None)
+        suffix = next((s for s in _COMPRESSED_NAMES if _name(shard).endswith(s)), None)
         if suffix:
             raise ShardError(
                 f"{shard} is a compressed shard; {_WHY_PLAIN}: decompress it in "
@@ -87,10 +121,10 @@ def _split_shards(root: Path, split: str) -> list[Path]:
     return shards
 
 
-def _open_tar(shard: Path) -> tarfile.TarFile:
+def _open_tar(shard: Shard, f: BinaryIO) -> tarfile.TarFile:
     """The shard opened as a plain tar, or a one-line ShardError saying what it is instead."""
-    with open(shard, "rb") as f:
-        head = f.read(8)
+    head = f.read(8)
+    f.seek(0)
     if not head:
         raise ShardError(f"{shard} is empty (0 bytes), not a tar shard; copy it again or remove it")
     for magic, (kind, command) in _MAGIC.items():
@@ -101,17 +135,29 @@ def _open_tar(shard: Path) -> tarfile.TarFile:
                 "plain tar in its place"
             )
     try:
-        return tarfile.open(shard, "r:")  # plain only: never decompressed behind our back
+        return tarfile.open(fileobj=f, mode="r:")  # plain only: never decompressed behind our back
     except tarfile.TarError as exc:
         raise ShardError(f"{shard} is not a tar file ({exc}); copy it again or remove it") from exc
 
 
-def _group(shard: Path) -> list[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """The shard's samples as webdataset groups them: (key, {field: member}), in tar order."""
+# (key, {field: member}) of each sample, in tar order; and each .cls member's bytes by offset.
+Groups = tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], dict[int, bytes]]
+
+
+def _group(shard: Shard, size: int) -> Groups:
+    """The shard's samples as webdataset groups them, read front to back once (in a store: in
+    large ranged GETs), the `.cls` members' bytes read on the way."""
+    if isinstance(shard, Path):
+        with open(shard, "rb") as f:
+            return _walk(shard, f, size)
+    return _walk(shard, RangedFile(shard, size), size)
+
+
+def _walk(shard: Shard, f: BinaryIO | RangedFile, size: int) -> Groups:
     samples: list[tuple[str, dict[str, tarfile.TarInfo]]] = []
-    size = shard.stat().st_size
+    texts: dict[int, bytes] = {}
     try:
-        with _open_tar(shard) as tar:
+        with _open_tar(shard, f) as tar:  # type: ignore[arg-type]  # RangedFile: read, seek, tell
             for member in tar:
                 name = member.name
                 if (
@@ -140,21 +186,24 @@ def _group(shard: Path) -> list[tuple[str, dict[str, tarfile.TarInfo]]]:
                         "(webdataset refuses it too); rename one of them"
                     )
                 samples[-1][1][field] = member
+                if field == "cls":  # tarfile seeks back to the next header itself
+                    f.seek(member.offset_data)
+                    texts[member.offset_data] = f.read(member.size)
     except tarfile.TarError as exc:
         raise ShardError(f"{shard} is not a readable tar ({exc}); copy it again") from exc
-    return samples
+    return samples, texts
 
 
 def _image_ext(field: str) -> bool:
     return f".{field}" in IMAGE_EXTENSIONS
 
 
-def _entries(shard: Path) -> tuple[list[Entry], list[str]]:
+def _entries(shard: Shard, groups: Groups) -> tuple[list[Entry], list[str]]:
     """(image member, offset, size, .cls offset, .cls size) per sample, and the keys of samples
     with a .cls but no image of an accepted type (left out, to be named)."""
     entries: list[Entry] = []
     left_out: list[str] = []
-    for key, fields in _group(shard):
+    for key, fields in groups[0]:
         images = [m for f, m in fields.items() if _image_ext(f)]
         cls = fields.get("cls")
         hidden = [m.name for f, m in fields.items() if not _image_ext(f) and _image_ext(f.rpartition(".")[2])]
@@ -175,21 +224,20 @@ def _entries(shard: Path) -> tuple[list[Entry], list[str]]:
                 f"and {len(images)} images; each sample needs one of each"
             )
         elif cls is not None:
-            left_out.append(f"{shard.name}::{key}")
+            left_out.append(f"{_name(shard)}::{key}")
     return entries, left_out
 
 
-def _labels(shard: Path, entries: list[Entry]) -> list[int]:
+def _labels(shard: Shard, entries: list[Entry], texts: dict[int, bytes]) -> list[int]:
     labels = []
-    with open(shard, "rb") as f:
-        for name, _, _, cls_offset, cls_size in entries:
-            text = os.pread(f.fileno(), cls_size, cls_offset).decode(errors="replace").strip()
-            if not text.isdigit():
-                raise ShardError(
-                    f"{shard}::{name}: its .cls member holds {text[:40]!r}, not a "
-                    "class number; stallfree reads labels from KEY.cls"
-                )
-            labels.append(int(text))
+    for name, _, _, cls_offset, _ in entries:
+        text = texts[cls_offset].decode(errors="replace").strip()
+        if not text.isdigit():
+            raise ShardError(
+                f"{shard}::{name}: its .cls member holds {text[:40]!r}, not a "
+                "class number; stallfree reads labels from KEY.cls"
+            )
+        labels.append(int(text))
     return labels
 
 
@@ -204,22 +252,45 @@ def _cached(cache: Path) -> tuple[list[Entry], list[int], list[str]] | None:
     return (entries, labels, left_out) if len(entries) == len(labels) else None
 
 
-def shard_samples(shard: Path) -> tuple[list[Entry], list[int], list[str]]:
-    """A foreign shard's samples, labels and left-out keys, read from the tar once, then cached."""
-    cache = cache_dir() / "wds" / f"{stat_key([str(shard.resolve())], _CACHE_FORMAT)}.json"
+def shard_samples(
+    shard: Shard, state: tuple[int, str] | None = None
+) -> tuple[list[Entry], list[int], list[str]]:
+    """A foreign shard's samples, labels and left-out keys, read from the tar once, then cached
+    (keyed by the file's size and time, or an object's URL, size and ETag: its `state`)."""
+    if isinstance(shard, Path):
+        key, size = stat_key([str(shard.resolve())], _CACHE_FORMAT), shard.stat().st_size
+    else:
+        size, etag = state if state is not None else (store.size(shard), "")
+        key = stat_key([], f"{_CACHE_FORMAT} {shard} {size} {etag}")
+    cache = cache_dir() / "wds" / f"{key}.json"
     if (saved := _cached(cache)) is not None:
         return saved
-    entries, left_out = _entries(shard)
-    labels = _labels(shard, entries)
+    groups = _group(shard, size)
+    entries, left_out = _entries(shard, groups)
+    labels = _labels(shard, entries, groups[1])
     # A cache that cannot be written only costs the next start a re-read of the shard.
     write_cache_file(cache, json.dumps({"entries": entries, "labels": labels, "left_out": left_out}))
     return entries, labels, left_out
 
 
-def resolve_foreign(root: Path) -> Dataset:
-    """WebDataset shards under ROOT as a Dataset (classes 0..max label of train)."""
+def _tail(root: Shard, shard: Shard) -> str:
+    """The shard's path relative to the root (what a sample's reference starts with)."""
+    if isinstance(shard, Path):
+        return str(shard.relative_to(root))
+    return shard[len(str(root)) + 1 :]
+
+
+def resolve_foreign(root_text: str | Path) -> Dataset:
+    """WebDataset shards under ROOT (a folder or an s3:// prefix) as a Dataset (classes 0..max
+    label of train): from a store, the samples, labels and order of a local copy."""
+    root: Shard = str(root_text).rstrip("/") if store.is_remote(str(root_text)) else Path(root_text)
+    listed = _listing(str(root)) if isinstance(root, str) else None
     found = {
-        split: [(shard, *shard_samples(shard)) for shard in _split_shards(root, split)] for split in SPLITS
+        split: [
+            (shard, *shard_samples(shard, None if listed is None else listed[_tail(root, shard)]))
+            for shard in _split_shards(root, split, listed)
+        ]
+        for split in SPLITS
     }
     left_out = [key for split in SPLITS for *_, keys in found[split] for key in keys]
     if left_out:
@@ -241,10 +312,14 @@ def resolve_foreign(root: Path) -> Dataset:
                     f"{shard}: label {max(labels)} is not a train class "
                     f"(train's labels are 0..{len(classes) - 1})"
                 )
-            tail = shard.relative_to(root)
-            builder.add([f"{tail}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
+            builder.add([f"{_tail(root, shard)}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
         if not len(builder):
             raise DatasetError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
-    sources = tuple(str(shard) for split in SPLITS for shard, *_ in found[split])
+    # In a store, a shard's ETag stands for the time a local file has (start-up check caches).
+    sources = tuple(
+        str(shard) if listed is None else f"{shard}#etag={listed[_tail(root, shard)][1]}"
+        for split in SPLITS
+        for shard, *_ in found[split]
+    )
     return Dataset(root=str(root), classes=classes, splits=splits, sources=sources)

@@ -7,6 +7,9 @@ On tar shards it does the full job a start cannot afford. For shards of `stallfr
 every shard's SHA-256 against the manifest, the structure and every `.cls` against the
 manifest's labels (what a start checks once), and every member decoded. For other WebDataset
 shards: the labels read from `.cls` and every member decoded.
+
+ROOT may be an s3:// prefix (folders or shards): the objects are listed as training lists them
+and read where they are (shards by ranged GETs), and each bad one is named by its URL.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stallfree.data.readers import store
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError
@@ -60,13 +64,23 @@ def kind_of(reason: str) -> str:
     return next((kind for needle, kind in rules if needle in text), "decode error")
 
 
+# A checked file: a local path, or an s3:// URL (which a Path would spoil: "s3:/b/k").
+Where = Path | str
+
+
+def _relative(path: Where, root: Where) -> str:
+    if isinstance(root, Path):
+        return str(Path(path).relative_to(root))
+    return str(path)[len(root) + 1 :]
+
+
 @dataclass(slots=True)
 class CheckReport:
     """What a check found: good files, bad files with reasons, counts by class and by kind."""
 
-    root: Path
-    good: list[Path] = field(default_factory=list)
-    bad: list[tuple[Path, str]] = field(default_factory=list)
+    root: Where
+    good: list[Where] = field(default_factory=list)
+    bad: list[tuple[Where, str]] = field(default_factory=list)
     per_class: Counter[str] = field(default_factory=Counter)
     per_class_bad: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
@@ -78,26 +92,32 @@ class CheckReport:
 
     def clean_list(self) -> str:
         """One good file per line, relative to the root: the format `data.file_list` reads."""
-        lines = sorted(str(p.relative_to(self.root)) for p in self.good)
+        lines = sorted(_relative(p, self.root) for p in self.good)
         # The first line says under which rules and limit every file was decoded: a run with
         # the same ones needs no header check at start (data/readers/folders.py reads it back).
         # The root resolved: the list vouches for that folder's files, not a copy's.
         head = (
-            f"# stallfree data check {self.root.resolve()}: {len(lines)} good files "
+            f"# stallfree data check {_resolved(self.root)}: {len(lines)} good files "
             f"(stallfree {rules_id()}, max_pixels {self.max_pixels})"
         )
         return head + "\n" + "\n".join(lines) + "\n"
 
 
-def _class_of(path: Path, root: Path) -> str:
-    split, name = path.relative_to(root).parts[:2]  # SPLIT/CLASS/[SUB/...]FILE
+def _resolved(root: Where) -> Where:
+    return root.resolve() if isinstance(root, Path) else root
+
+
+def _class_of(path: Where, root: Where) -> str:
+    split, name = _relative(path, root).split("/")[:2]  # SPLIT/CLASS/[SUB/...]FILE
     return f"{split}/{name}"
 
 
-def _files(root: Path) -> list[Path]:
+def _files(root: Where) -> list[Where]:
     """Every file under ROOT/{train,val}/<class>/, sub-folders included, as the loaders list
     them (data/readers/folders.py: `class_files`; hidden ones aside, dangling links named)."""
-    found: list[Path] = []
+    if isinstance(root, str):
+        return _objects(root)
+    found: list[Where] = []
     for split in SPLITS:
         split_dir = root / split
         if not split_dir.is_dir():
@@ -107,30 +127,57 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
+def _objects(root: str) -> list[Where]:
+    """Every object under ROOT/{train,val}/<class>/ of an s3:// root, in the order training
+    lists them (data/readers/remote.py), non-images too (to be named)."""
+    from stallfree.data.readers.remote import class_objects
+
+    found: list[Where] = []
+    for split in SPLITS:
+        split_url = store.join(root, split)
+        classes = tuple(d for d in store.list_dirs(split_url) if not d.startswith("."))
+        if not classes:
+            raise DatasetError(f"{split_url}/ has no class prefixes; expected {split_url}/<class>/<image>")
+        names, _ = class_objects(split_url, classes)
+        found += [store.join(split_url, c, n) for c, files in zip(classes, names, strict=True) for n in files]
+    return found
+
+
+def _is_shards(root: Where) -> bool:
+    if isinstance(root, Path):
+        return (root / "manifest.json").is_file() or is_shard_folder(root)
+    return store.exists(store.join(root, "manifest.json")) or is_shard_folder(root)
+
+
+def _suffix(path: Where) -> str:
+    return Path(str(path).rpartition("/")[2]).suffix.lower()
+
+
 def check_dataset(
     root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS, progress: bool = True
 ) -> CheckReport:
-    """Fully decode every image under ROOT/{train,val} in `workers` processes (or, for a folder
-    of tar shards, check them whole: see `check_shards`)."""
-    root = Path(root)
-    _name_interrupted_pack(root)
-    if (root / "manifest.json").is_file() or is_shard_folder(root):
+    """Fully decode every image under ROOT/{train,val} (a folder or an s3:// prefix) in
+    `workers` processes (or, for tar shards, check them whole: see `check_shards`)."""
+    where: Where = str(root).rstrip("/") if store.is_remote(str(root)) else Path(root)
+    if isinstance(where, Path):
+        _name_interrupted_pack(where)
+    if _is_shards(where):
         return check_shards(
-            root, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
+            where, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
         )
-    files = _files(root)
-    report = CheckReport(root=root, max_pixels=max_pixels)
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
+    files = _files(where)
+    report = CheckReport(root=where, max_pixels=max_pixels)
+    images = [p for p in files if _suffix(p) in IMAGE_EXTENSIONS]
     for path in files:
-        report.per_class[_class_of(path, root)] += 1
-        if path.suffix.lower() not in IMAGE_EXTENSIONS:
+        report.per_class[_class_of(path, where)] += 1
+        if _suffix(path) not in IMAGE_EXTENSIONS:
             report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
     started = time.perf_counter()
     reasons = decode_all(
         [str(p) for p in images],
         max_pixels,
         cpu_cores() if workers < 1 else workers,
-        desc=f"checking {root}",
+        desc=f"checking {where}",
         progress=progress,
     )
     for path, reason in zip(images, reasons):
@@ -140,7 +187,7 @@ def check_dataset(
             report.bad.append((path, reason))
     report.seconds = time.perf_counter() - started
     for path, _ in report.bad:
-        report.per_class_bad[_class_of(path, root)] += 1
+        report.per_class_bad[_class_of(path, where)] += 1
     return report
 
 
@@ -176,19 +223,26 @@ def summary(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
-    manifest_path = root / "manifest.json"
-    if not manifest_path.is_file():
-        return []  # other people's shards: no checksums to compare
+def _checksum_problems(root: Where) -> list[tuple[Where, str]]:
+    manifest_path = store.join(str(root), "manifest.json")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        if isinstance(root, str):
+            text = store.read(manifest_path).decode() if store.exists(manifest_path) else ""
+        else:
+            text = Path(manifest_path).read_text() if Path(manifest_path).is_file() else ""
+        if not text:
+            return []  # other people's shards: no checksums to compare
+        manifest = json.loads(text)
         shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
     except (ValueError, KeyError, TypeError):
         return []  # resolve_dataset names what is wrong with the manifest
-    problems = []
+    problems: list[tuple[Where, str]] = []
+    present = store.list_objects(root) if isinstance(root, str) else None
     for entry in shards:
-        shard = root / Path(str(entry.get("name", ""))).name
-        if shard.is_file() and file_sha256(shard) != entry.get("sha256"):
+        name = Path(str(entry.get("name", ""))).name
+        shard: Where = store.join(root, name) if isinstance(root, str) else root / name
+        found = name in present if present is not None else Path(shard).is_file()
+        if found and file_sha256(shard) != entry.get("sha256"):
             problems.append(
                 (
                     shard,
@@ -199,7 +253,7 @@ def _checksum_problems(root: Path) -> list[tuple[Path, str]]:
     return problems
 
 
-def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
+def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
     """Check the shards at ROOT whole; every problem names the shard (and member)."""
     from stallfree.data.readers.folders import resolve_dataset  # ours or other people's shards
 
@@ -208,7 +262,7 @@ def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -
     report.bad += _checksum_problems(root)
     try:
         dataset: Dataset = resolve_dataset(DataConfig(root=str(root), format="tar"))
-    except DatasetError as exc:
+    except (DatasetError, store.StoreError) as exc:  # a shard that cannot be read is named too
         report.bad.append((root, f"shard: {exc}"))
         report.seconds = time.perf_counter() - started
         return report
@@ -219,10 +273,11 @@ def check_shards(root: Path, *, workers: int, max_pixels: int, progress: bool) -
         for path, label, reason in zip(paths, listing.labels.tolist(), reasons):
             name = f"{split}/{dataset.classes[label]}"
             report.per_class[name] += 1
+            where: Where = path if store.is_remote(path) else Path(path)
             if reason is None:
-                report.good.append(Path(path))
+                report.good.append(where)
             else:
-                report.bad.append((Path(path), reason))
+                report.bad.append((where, reason))
                 report.per_class_bad[name] += 1
     report.seconds = time.perf_counter() - started
     return report

@@ -5,6 +5,10 @@ grouped by sample. Each shard gets the index file DALI's `readers.webdataset` re
 `wds2idx` format v1.2: one line per sample of `ext offset size name` per member, offsets of the
 member data). `manifest.json` holds the class names, the shards of each split with their sample
 counts, sizes and SHA-256, and the format version.
+
+ROOT may be an s3:// prefix: its objects are listed and read as training reads them (the same
+samples in the same order), so the shards are byte for byte those of packing a local copy.
+OUT is a local folder (staged, then renamed: all or nothing); upload it whole afterwards.
 """
 
 from __future__ import annotations
@@ -19,20 +23,26 @@ import socket
 import tarfile
 import tempfile
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from stallfree.data.readers import store
 from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.listing import SPLITS
-from stallfree.data.readers.tarshards import FORMAT, MANIFEST, index_text
+from stallfree.data.readers.tarshards import FORMAT, MANIFEST, RangedFile, index_text
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 
 # Each shard ends with two zero blocks, padded to tar's 10 KiB record: kept free in the budget.
 _RESERVE = tarfile.RECORDSIZE
+# Objects read ahead from a store: a GET's latency, not its bytes, is what packing would wait on.
+_READ_AHEAD = 32
 
 
 def parse_size(text: str) -> int:
@@ -58,13 +68,28 @@ def write_index(shard: Path) -> int:
     return int(text.split(None, 2)[1])
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, read in 1 MiB blocks."""
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file (read in 1 MiB blocks) or of an s3:// object (in large ranged GETs)."""
     digest = hashlib.sha256()
+    if store.is_remote(str(path)):
+        remote = RangedFile(str(path), store.size(str(path)))
+        while block := remote.read(RangedFile.SPAN):
+            digest.update(block)
+        return digest.hexdigest()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _contents(paths: list[str]) -> Iterator[bytes]:
+    """Each file's bytes in order; objects in a store fetched `_READ_AHEAD` at a time."""
+    if not paths or not store.is_remote(paths[0]):
+        yield from (Path(p).read_bytes() for p in paths)
+        return
+    with ThreadPoolExecutor(8) as pool:
+        for start in range(0, len(paths), _READ_AHEAD):  # bounded: never the whole dataset in memory
+            yield from pool.map(read_bytes, paths[start : start + _READ_AHEAD])
 
 
 def pack_split(
@@ -81,10 +106,11 @@ def pack_split(
         path = out / shards[-1]["name"]
         shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=file_sha256(path))
 
+    contents = _contents([path for path, _ in samples])
     for i, (path, label) in enumerate(
         tqdm(samples, desc=f"packing {split}", unit="img", disable=not progress)
     ):
-        data = Path(path).read_bytes()
+        data = next(contents)
         # On disk: a 512-byte header for each of the two members, data padded to 512 bytes.
         need = 2 * 512 + -(-len(data) // 512) * 512 + 512
         if tar is None or (size + need > shard_bytes and size > _RESERVE):
@@ -113,11 +139,17 @@ def pack_dataset(
     file_list: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Pack ROOT/{train,val} into OUT. Train is shuffled (seeded) so every shard mixes classes.
+    """Pack ROOT/{train,val} (a folder or an s3:// prefix) into the local folder OUT. Train is
+    shuffled (seeded) so every shard mixes classes.
 
     Everything is written into a temporary folder beside OUT and renamed into place at the
     end, so an interrupted pack leaves no shards of one run under a manifest of another.
     """
+    if store.is_remote(str(out)):
+        raise PackError(
+            f"{out}: data pack writes a local folder; pack into one, then upload it whole "
+            "(e.g. `aws s3 cp --recursive OUT s3://...`) and train from that prefix"
+        )
     dataset = resolve_dataset(DataConfig(root=str(root), file_list=file_list))
     out = Path(out)
     staging = _staging(out)
