@@ -41,21 +41,39 @@ def _eval(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_val_on_two_ranks_equals_one_rank_to_the_last_sample(
-    image_root: Path, tmp_path: Path, backend: str
-) -> None:
-    # 29 val images (one left out): neither 2 ranks nor batch 8 divides it.
+@pytest.fixture(scope="module")
+def trained(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One short run shared by this module's tests: (its recipe file, its run directory).
+    29 val images (one left out): neither 2 ranks nor batch 8 divides it."""
+    tmp = tmp_path_factory.mktemp("eval")
     files = sorted(p for p in image_root.glob("*/*/*.jpg"))
     keep = [str(p.relative_to(image_root)) for p in files if p.name != files[-1].name or "train" in p.parts]
-    clean = tmp_path / "list.txt"
+    clean = tmp / "list.txt"
     clean.write_text("\n".join(keep) + "\n")
     recipe = small_recipe(image_root, data={"file_list": str(clean)}, train={"batch_size": 16, "epochs": 1})
-    train(recipe, tmp_path / "run", progress=False)
-    recipe_path = tmp_path / "r.toml"
+    train(recipe, tmp / "run", progress=False)
+    recipe_path = tmp / "r.toml"
     recipe_path.write_text(dump_toml(recipe))
-    checkpoint = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))[-1]
-    one = _eval(recipe_path, checkpoint, 1, backend)
+    return recipe_path, tmp / "run"
+
+
+def _eval_here(recipe_path: Path, checkpoint: Path, backend: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    """`stallfree eval --json` in this process (one rank): no second torch start-up."""
+    from stallfree.cli import main
+
+    capsys.readouterr()
+    args = ["eval", str(recipe_path), "--checkpoint", str(checkpoint), "--loader", backend, "--json"]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+def test_val_on_two_ranks_equals_one_rank_to_the_last_sample(
+    trained: tuple[Path, Path], backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe_path, run = trained
+    checkpoint = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    one = _eval_here(recipe_path, checkpoint, backend, capsys)
     two = _eval(recipe_path, checkpoint, 2, backend)
     assert one["samples"] == two["samples"] == 29
     assert (one["val_top1"], one["val_top5"]) == (two["val_top1"], two["val_top5"])
@@ -82,18 +100,11 @@ def test_sync_bn_converts_under_ddp_and_refuses_the_cpu() -> None:
 
 
 def test_eval_json_carries_the_val_loss_training_logged(
-    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stallfree.cli import main
-
-    recipe = small_recipe(image_root, train={"batch_size": 16})
-    train(recipe, tmp_path / "run", progress=False)
-    path = tmp_path / "r.toml"
-    path.write_text(dump_toml(recipe))
-    capsys.readouterr()
-    assert main(["eval", str(path), "--checkpoint", str(tmp_path / "run"), "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    path, run = trained
+    result = _eval_here(path, run, "torch", capsys)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     logged = [r for r in records if "val_loss" in r][-1]  # the same weights, after the last epoch
     assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
     assert result["val_top1"] == logged["val_top1"]

@@ -112,9 +112,10 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     image_root: Path, tmp_path: Path
 ) -> None:
     _slurm_or_skip()
-    # Sleep-bound steps (tests/slow_loader.py: 60 ms a batch, little CPU): ~35 s for the run,
-    # longer than the time limit's signal needs (USR1@55 with --time=1 lands 5-35 s after the
-    # start: slurmctld checks every 30 s), and the reference runs beside it on the same cores.
+    # Sleep-bound steps (tests/slow_loader.py: 60 ms a batch, little CPU) until the signal has
+    # been honoured: ~35 s would outlast the time limit's signal (USR1@55 with --time=1 lands
+    # 5-35 s after the start: slurmctld checks every 30 s). Once the job is requeued, the file
+    # `fast` lets the rest of the run go at full speed; the reference never sleeps.
     recipe = small_recipe(
         image_root,
         loader={"backend": "slow_loader:build"},
@@ -128,6 +129,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         "OUT": str(tmp_path / "slurm"),
         "PYTHON": sys.executable,
         "STALLFREE_ARGS": "",
+        "STALLFREE_SLOW_LOADER_UNTIL": str(tmp_path / "fast"),
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
     log = tmp_path / "slurm.log"
@@ -138,7 +140,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         torchrun_train(str(path), "--out", str(tmp_path / "reference")),
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "reference.log", "w"),  # noqa: SIM115 - the child holds it
-        env=env,
+        env={**env, "STALLFREE_SLOW_LOADER_UNTIL": str(REPO)},  # exists: no sleeps
     )
     # slurmctld checks time limits every 30 s, so every requeued run of a 1-minute job would be
     # signalled again ~15 s in. Once the first signal has been honoured, the job gets a 5-minute
@@ -148,7 +150,20 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.5)
+    (tmp_path / "fast").touch()
     subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False, capture_output=True)
+    # A requeued job waits for BeginTime = now + cred_expire + 1 (11 s here, see .ci/slurm-up);
+    # that delay is Slurm's, not stallfree's, so the test moves it to 2 s once the job pends.
+    pending_by = time.time() + 60
+    while time.time() < pending_by and _job_state(job).get("JobState") not in (
+        "PENDING",
+        "COMPLETED",
+        "FAILED",
+    ):
+        time.sleep(0.5)
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job}", "StartTime=now+2"], check=False, capture_output=True
+    )
     state = _wait_for(job, timeout_s=420)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     text = log.read_text()
