@@ -14,6 +14,11 @@ Two kinds of shards:
   * other people's WebDataset shards (no manifest): ROOT/train/*.tar and ROOT/val/*.tar (or
     ROOT/train-*.tar and ROOT/val-*.tar). Each shard's index is built once (what wds2idx does)
     and cached with its labels, which come from each sample's `.cls` member (an integer).
+
+In an object store a sample is one ranged GET of its member, never a whole shard into a cache:
+the seeded global permutation visits a random shard per sample, so a cache that does not hold
+the whole dataset fetches a whole shard for about one sample (benchmarks/s3_shard_reads.py:
+a quarter of the shards cached was no faster and fetched ~10x the bytes).
 """
 
 from __future__ import annotations
