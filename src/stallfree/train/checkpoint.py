@@ -9,7 +9,7 @@ import re
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -124,7 +124,8 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     a rank fewer GPUs.
     """
     version, mt, gauss = random.getstate()
-    np_state = np.random.get_state()
+    # legacy=True (the default) gives the tuple: ("MT19937", keys, pos, has_gauss, gaussian)
+    np_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     return {
         "python": {"version": version, "state": list(mt), "gauss": gauss},
         "numpy": {
@@ -138,7 +139,7 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     }
 
 
-def _is_cuda(device: torch.device | None) -> bool:
+def _is_cuda(device: torch.device | None) -> TypeGuard[torch.device]:
     return device is not None and device.type == "cuda"
 
 
