@@ -57,14 +57,13 @@ def init_distributed(info: DistInfo, device: torch.device) -> None:
             # As torchrun does (it sets 1): a rank's intra-op threads are its own CPUs, not
             # every core of a node shared with the other ranks.
             torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
-    ranks = {"rank": info.rank, "world_size": info.world_size}
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # device_id binds the group to this GPU, so NCCL connects now rather than at the first
         # collective, and a misconfigured node fails at start-up.
-        dist.init_process_group("nccl", device_id=device, **ranks)
+        dist.init_process_group("nccl", device_id=device, rank=info.rank, world_size=info.world_size)
     else:
-        dist.init_process_group("gloo", **ranks)
+        dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size)
 
 
 def wrap_model(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Module:
