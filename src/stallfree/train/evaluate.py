@@ -35,7 +35,8 @@ def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any
         model = build_model(recipe.model, ctx.num_classes, load_pretrained=False)
         model.load_state_dict(state["model"])
         if recipe.train.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         policy = PrecisionPolicy(recipe.train.precision, device.type)
         result = evaluate_model(model.to(device), loader, policy, device, dist)
     finally:
