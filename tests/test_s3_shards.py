@@ -176,3 +176,34 @@ def test_data_check_names_a_changed_shard_in_the_store(s3_server, packed: Path) 
     report = check_dataset(url, workers=1, progress=False)
     assert [(str(p), r.split(":")[0]) for p, r in report.bad] == [(f"{url}/{shard.name}", "shard")]
     assert "SHA-256 differs" in report.bad[0][1] and len(report.good) == 90
+
+
+@pytest.mark.parametrize("kind", ["packed", "foreign"])
+def test_a_shard_replaced_in_the_store_is_checked_again_at_start(
+    s3_server, packed: Path, foreign: Path, kind: str
+) -> None:
+    """The start-up header check is cached per dataset state: in a store, an object's ETag is
+    that state (a shard replaced by one of the same size, names and offsets is a new one)."""
+    from stallfree.data.readers.startup_check import bad_headers_at_start
+    from stallfree.parallel import DistInfo
+
+    local = packed if kind == "packed" else foreign
+    url = upload_tree(s3_server.client(), local, BUCKET, f"replaced-{kind}")
+
+    def bad_at_start() -> list[str]:
+        dataset = resolve_dataset(DataConfig(root=url, format="tar"))
+        found = bad_headers_at_start(
+            dataset.splits["val"], sources=dataset.sources, checked_by=None, max_pixels=10**8,
+            threads=2, dist=DistInfo(),
+        )  # fmt: skip
+        return [e.path for e in found]
+
+    assert bad_at_start() == []
+    shard = sorted(local.glob("val-*.tar") if kind == "packed" else (local / "val").glob("*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tar:
+        image = next(m for m in tar if not m.name.endswith(".cls"))
+    data[image.offset_data : image.offset_data + image.size] = bytes(image.size)  # no image now
+    key = shard.relative_to(local).as_posix()
+    s3_server.client().put_object(Bucket=BUCKET, Key=f"replaced-{kind}/{key}", Body=bytes(data))
+    assert [p.rpartition("::")[2].rsplit(":", 2)[0] for p in bad_at_start()] == [image.name]

@@ -111,11 +111,13 @@ def _source(path: str, data: bytes | None = None) -> str | io.BytesIO:
 def _size(path: str, data: bytes | None = None) -> int:
     if data is not None:
         return len(data)
+    if MEMBER in path:  # a member of a shard, local or in a store: its size is in the reference
+        return int(path.rsplit(":", 1)[1])
     if path.startswith("s3://"):
         from stallfree.data.readers import store
 
         return store.size(path)
-    return int(path.rsplit(":", 1)[1]) if MEMBER in path else os.path.getsize(path)
+    return os.path.getsize(path)
 
 
 def check_header(

@@ -302,7 +302,10 @@ def resolve_shards(root_text: str) -> Dataset:
     cached_check(
         "shards", _state_key(root, sources, digest), lambda: [verify_members(*item) for item in checked]
     )
-    return Dataset(root=root, classes=classes, splits=splits, sources=tuple(sources))
+    # In a store no shard has a time to stat: the listing's digest (names, sizes, ETags) stands
+    # for it in the start-up checks' cache key, so a shard replaced in place is checked again.
+    state = (f"{root}#keys={digest}",) if digest else ()
+    return Dataset(root=root, classes=classes, splits=splits, sources=(*sources, *state))
 
 
 def _state_key(root: str, shards: list[str], digest: str) -> str:
