@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,28 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+@pytest.fixture(scope="module")
+def full_run(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The uninterrupted `_resume_recipe` run of a backend (8 steps, a checkpoint at each),
+    trained once per module and copied from, never written to, by the resume tests."""
+    made: dict[str, Path] = {}
+
+    def get(backend: str) -> Path:
+        if backend not in made:
+            path = tmp_path_factory.mktemp(f"full-{backend}")
+            assert train(_resume_recipe(image_root, backend), path, progress=False)["optimizer_steps"] == 8
+            made[backend] = path
+        return made[backend]
+
+    return get
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_resume_mid_epoch_is_bitwise_equal(image_root: Path, tmp_path: Path, backend: str) -> None:
+def test_resume_mid_epoch_is_bitwise_equal(
+    image_root: Path, tmp_path: Path, backend: str, full_run: Callable[[str], Path]
+) -> None:
     recipe = _resume_recipe(image_root, backend)
-    full = tmp_path / "full"
-    assert train(recipe, full, progress=False)["optimizer_steps"] == 8
+    full = full_run(backend)
     final = load_checkpoint(full / "checkpoints" / "ckpt-000000008.pt")
     for k in (2, 4, 5):  # mid-epoch 0 (after 4 of 7 batches), its end, and mid-epoch 1
         run = tmp_path / f"resumed-{k}"
@@ -182,10 +200,11 @@ def test_a_fresh_run_never_reuses_another_runs_directory(image_root: Path, tmp_p
     assert train(recipe, tmp_path, progress=False, resume="auto")["optimizer_steps"] == 3
 
 
-def test_resume_cuts_metrics_back_to_the_checkpoint(image_root: Path, tmp_path: Path) -> None:
+def test_resume_cuts_metrics_back_to_the_checkpoint(
+    image_root: Path, tmp_path: Path, full_run: Callable[[str], Path]
+) -> None:
     recipe = _resume_recipe(image_root, "torch")
-    full = tmp_path / "full"
-    train(recipe, full, progress=False)
+    full = full_run("torch")
     run = tmp_path / "run"
     shutil.copytree(full, run)
     for later in range(4, 9):  # as if the run died after step 3's checkpoint was written
@@ -199,31 +218,17 @@ def test_resume_cuts_metrics_back_to_the_checkpoint(image_root: Path, tmp_path: 
     assert records(run) == records(full)  # each record once, none lost, none repeated
 
 
-def _resume_split_recipe(root: Path, batch: int, accum: int):
-    return small_recipe(
-        root,
-        train={
-            "epochs": 2,
-            "batch_size": batch,
-            "accum_steps": accum,
-            "ckpt_every_steps": 1,
-            "keep_checkpoints": 20,
-        },
-    )
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_resume_with_another_micro_batch_split(image_root: Path, tmp_path: Path, backend: str) -> None:
+def test_resume_with_another_micro_batch_split(
+    image_root: Path, tmp_path: Path, backend: str, full_run: Callable[[str], Path]
+) -> None:
     # 60 samples, global batch 16: 7 micro-batches of 8 (windows 2,2,2,1) or 15 of 4 (4,4,4,3),
     # 4 steps an epoch either way. Step 2 has consumed 32 samples; 28 remain: windows 4,3.
-    old = _resume_split_recipe(image_root, 8, 2)
-    old.loader.backend = backend
-    train(old, tmp_path / "a", progress=False)
     run = tmp_path / "b"
     (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(tmp_path / "a" / "checkpoints" / "ckpt-000000002.pt", run / "checkpoints")
-    new = _resume_split_recipe(image_root, 4, 4)
-    new.loader.backend = backend
+    shutil.copy(full_run(backend) / "checkpoints" / "ckpt-000000002.pt", run / "checkpoints")
+    new = _resume_recipe(image_root, backend)
+    new.train.batch_size, new.train.accum_steps = 4, 4
     summary = train(new, run, progress=False, resume="auto")
     assert summary["optimizer_steps"] == 8  # 2 more steps in epoch 0 (not 4: none repeated), 4 in 1
     state = load_checkpoint(run / "checkpoints" / "ckpt-000000004.pt")
