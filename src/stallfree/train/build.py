@@ -8,7 +8,8 @@ import dataclasses
 import importlib.util
 import math
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from stallfree.metrics import SinkSet
 from stallfree.models import build_model
 from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe, RecipeError, validate
+from stallfree.recipe import Precision, Recipe, RecipeError, validate
 from stallfree.train.distributed import resolve_device, wrap_model
 from stallfree.train.ema import ModelEma
 from stallfree.train.microbatch import MicroBatcher
@@ -127,7 +128,8 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
-    recipe.train.precision = resolve_precision(recipe.train.precision, device)
+    # resolve_precision hands back its input or one of bf16/fp16/fp32: a Precision either way.
+    recipe.train.precision = cast(Precision, resolve_precision(recipe.train.precision, device))
     _check_trackers(recipe.train.trackers)
     recipe = resolve_auto(recipe, device, dist, say=True)
     backend = registry.resolve(recipe.loader)  # the one resolution; a plug-in's table checked now
@@ -137,7 +139,7 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
     return RunContext(recipe, device, dist, backend)
 
 
-def _check_trackers(trackers: list[str]) -> None:
+def _check_trackers(trackers: Sequence[str]) -> None:
     """A tracker asked for must import now, before anything is written."""
     from stallfree.metrics import TRACKERS
 
@@ -194,10 +196,13 @@ def build_trainer(
     model = sync_batchnorm(model, recipe, dist, device)
     model = model.to(device)
     if recipe.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
     if recipe.train.compile:
-        model = torch.compile(model)  # inside DDP: DDP's bucketing sees the compiled graph
+        # Inside DDP: DDP's bucketing sees the compiled graph. A Module in, an OptimizedModule (a
+        # Module) out; torch types the result as a bare callable.
+        model = cast(nn.Module, torch.compile(model))
     model = wrap_model(model, device, dist)
     opt = recipe.optim
     optimizer = build_optimizer(
