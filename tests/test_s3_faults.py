@@ -1,8 +1,11 @@
 """Faults of a real S3-compatible server (SeaweedFS on loopback) during a run: a store that
-restarts mid-epoch costs time, not the run; one that stays down ends it in one line."""
+restarts mid-epoch costs time, not the run, and its retries are counted in metrics.jsonl; one
+that stays down stops the run in one line with a checkpoint at its last step, exit code 75, and
+`--resume auto` then ends where an uninterrupted run does, bitwise."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,8 +14,10 @@ import torch
 from helpers import small_recipe, train_until_logged
 from s3_server import Server, need_weed, upload_tree
 
+from stallfree.cli import main
 from stallfree.data.readers import store
 from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.resume import PREEMPTED_EXIT_CODE
 from stallfree.train.run import train
 
 pytestmark = pytest.mark.slow
@@ -43,8 +48,26 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
 
 
+@pytest.fixture(scope="module")
+def local_weights(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The uninterrupted run from a local copy of the same objects (both tests compare to it)."""
+    run = tmp_path_factory.mktemp("local") / "run"
+    train(_recipe(image_root), run, progress=False)
+    return _final_weights(run)
+
+
+def _assert_equal(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def _train_records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if "loss" in record]
+
+
 def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
-    server: Server, image_root: Path, tmp_path: Path
+    server: Server, local_weights: dict[str, torch.Tensor], tmp_path: Path, image_root: Path
 ) -> None:
     url = upload_tree(server.client(), image_root, "faults", "data")
     proc, _, run = train_until_logged(_recipe(url), tmp_path, records=2)
@@ -55,23 +78,35 @@ def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
     server.start()
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    train(_recipe(image_root), tmp_path / "local", progress=False)
-    local = _final_weights(tmp_path / "local")
-    for name, tensor in _final_weights(run).items():
-        assert torch.equal(tensor, local[name]), name
+    _assert_equal(_final_weights(run), local_weights)
+    # The worker's retries reach the record (a shared counter); none before the restart.
+    retries = [record["store_retries"] for record in _train_records(run)]
+    assert retries[0] == 0 and retries[-1] > 0 and retries == sorted(retries), retries
 
 
-def test_a_store_that_stays_down_ends_the_run_in_one_line(
-    server: Server, image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
+    server: Server,
+    local_weights: dict[str, torch.Tensor],
+    image_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(store.OUTAGE_ENV, "3")
     monkeypatch.setenv(store.ATTEMPTS_ENV, "2")  # botocore's own retries: the outage budget is what is tested
     url = upload_tree(server.client(), image_root, "faults", "data")
-    proc, _, _ = train_until_logged(_recipe(url), tmp_path, records=2)
+    proc, cmd, run = train_until_logged(_recipe(url), tmp_path, records=2)
     server.kill()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    errors = [line for line in err.splitlines() if "stallfree: error:" in line]
-    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
-    assert f"{url}/" in errors[0] and "Could not connect to the endpoint" in errors[0], errors
-    assert "(still after 3 s)" in errors[0], errors
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
+    lines = [line for line in err.splitlines() if "stallfree: " in line and str(run) in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"{url}/" in lines[0] and "Could not connect to the endpoint" in lines[0], lines
+    assert "(still after 3 s)" in lines[0] and "--resume auto" in lines[0], lines
+    # The checkpoint is the last step taken: a resume trains no step twice.
+    marker = json.loads((run / "preempted.json").read_text())
+    state = load_checkpoint(Path(marker["checkpoint"]))
+    assert state["counters"]["optimizer_steps"] == _train_records(run)[-1]["step"]
+    server.start()
+    assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
+    _assert_equal(_final_weights(run), local_weights)
+    assert _train_records(run)[-1]["store_retries"] == 0  # the resumed segment: a clean run

@@ -25,6 +25,14 @@ from stallfree.train.build import RunContext, build_trainer, prepare_recipe, ste
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
 from stallfree.train.microbatch import probe_micro_batch
+from stallfree.train.outage import (
+    StepMark,
+    StoreOutage,
+    can_save,
+    outage_as_stop,
+    retries_record,
+    unsaved,
+)
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import (
     ResumePoint,
@@ -282,10 +290,12 @@ def _run(
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
-    def save() -> None:
+    mark = StepMark(train_loader)  # the last step's loader position (an outage gives back the rest)
+
+    def save(stop: PreemptedError | None = None) -> None:
         state = training_state(
             trainer,
-            train_loader.state_dict(),
+            mark.loader_state(stop),
             recipe,
             dist.world_size,
             device,
@@ -306,12 +316,16 @@ def _run(
         extras.append(monitor.sample)
     if recipe.data.on_error == "skip":
         extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
+    retries = retries_record(recipe.data.root, device)
+    if retries is not None:
+        extras.append(retries)
     with (
         StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler,
         StopSignal() as stop,
     ):
 
         def on_step(t: Trainer) -> None:
+            mark.step()
             profiler.step()
             eta.step()
             if every and t.optimizer_steps % every == 0:
@@ -329,19 +343,27 @@ def _run(
             record_extras=extras,
         )
         try:
-            return trainer.fit(
-                train_loader, loaders["val"], epochs=recipe.train.epochs, start_epoch=start_epoch, hooks=hooks
-            )
+            with outage_as_stop():  # a store down past its budget: a stop (train/outage.py)
+                return trainer.fit(
+                    train_loader,
+                    loaders["val"],
+                    epochs=recipe.train.epochs,
+                    start_epoch=start_epoch,
+                    hooks=hooks,
+                )
         except PreemptedError as exc:
+            if not can_save(exc, dist.world_size):
+                raise unsaved(exc) from None  # an error: no closing barrier (train/outage.py)
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
-            save()
-            exc.signal = stop.requested or "SIGTERM"
+            save(exc)
+            exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"
             if dist.rank == 0 and exc.signal != "SIGINT":
                 run.mark_preempted(
                     {
                         "signal": exc.signal,
                         "step": trainer.optimizer_steps,
                         "checkpoint": str(checkpointer.paths()[0]),
+                        **({"reason": str(exc)} if isinstance(exc, StoreOutage) else {}),
                     }
                 )
             raise

@@ -18,6 +18,7 @@ them. Errors name the URL and the reason in one line.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import random
 import threading
@@ -44,7 +45,11 @@ DEFAULT_OUTAGE_S = 120.0
 
 _lock = threading.Lock()
 _clients: dict[int, Any] = {}
-_retries = [0]  # requests retried in this process (a list: updated from reader threads)
+# Requests retried by this process and the ones it forks (DataLoader workers): a counter in
+# shared memory, made at import, before any worker forks, so a worker's retries land in the
+# count the training process reads, at no cost per batch (a retry is rare; its lock is cheap).
+# A worker started by spawn or forkserver imports its own and counts apart (not our default).
+_retries = multiprocessing.Value("q", 0)
 
 
 class StoreError(StallfreeError):
@@ -62,6 +67,14 @@ class StoreError(StallfreeError):
             last = message.rstrip().splitlines()[-1]
             message = last.partition(f"{type(self).__name__}: ")[2] or last
         super().__init__(message)
+
+
+class StoreUnavailableError(StoreError):
+    """The store did not answer for the whole outage budget (STALLFREE_S3_OUTAGE_S): a
+    training run stops as a preempted one does, to resume once the store is back."""
+
+    exit_code = 75  # EX_TEMPFAIL (sysexits.h): try again later, as a preempted run's
+    hint = f"{OUTAGE_ENV} sets how long to wait for it"
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
@@ -122,15 +135,16 @@ def _make_client() -> Any:
 
 
 def retries() -> int:
-    """Requests retried by this process so far (transient errors that a retry then served)."""
-    return _retries[0]
+    """Requests retried so far by this process and its forked DataLoader workers (transient
+    errors, and pauses of an outage); DALI's reader threads count in their process's."""
+    return int(_retries.value)
 
 
 def _count(response: dict[str, Any]) -> dict[str, Any]:
     attempts = response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
     if attempts:
-        with _lock:
-            _retries[0] += attempts
+        with _retries.get_lock():
+            _retries.value += attempts
     return response
 
 
@@ -184,7 +198,7 @@ def _call(url: str, fn: str, *, patient: bool = True, **kwargs: Any) -> dict[str
                     _count({"ResponseMetadata": {"RetryAttempts": 1}})
                     time.sleep(random.uniform(0.5, 2.0))  # jitter: workers do not come back in step
                     continue
-                raise StoreError(f"{url}: {_reason(exc)} (still after {budget:.0f} s)") from None
+                raise StoreUnavailableError(f"{url}: {_reason(exc)} (still after {budget:.0f} s)") from None
             raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
 
 

@@ -1,0 +1,100 @@
+"""An object store during a run: its retries in the metrics, and an outage that outlasts the
+budget (STALLFREE_S3_OUTAGE_S) stopping the run as a preemption does.
+
+A store that stays down is "try again later", not a broken run: the run saves a checkpoint at
+its last optimizer step, writes preempted.json, says the object and the reason in one line and
+exits with PREEMPTED_EXIT_CODE (75), so a requeue loop, or `--resume auto` by hand once the
+store is back, continues exactly where it stopped.
+
+Under DDP (world size > 1) the rank whose read failed saves nothing: a save gathers every
+rank's loader and RNG state, and the other ranks may at that moment be inside the step's
+gradient all-reduce (their next batch was already there), where a gather would be matched
+against it. It ends with the store's error (one line, exit code 75), without the closing
+barrier; the others fail out of their collective when its connections close (gloo), or
+torchrun stops them (NCCL; without torchrun, the process group's timeout). `--resume auto`
+then continues from the last periodic or epoch-end checkpoint, exactly, retraining the steps
+since. (In the usual case the store is down for every rank, each waits in its own read and
+each ends with its own line; tests/test_s3_ranks.py.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from stallfree.data.loader import Loader
+from stallfree.data.readers import store
+from stallfree.train.distributed import all_reduce_sum
+from stallfree.train.trainer import PreemptedError
+
+
+class StoreOutage(PreemptedError):
+    """The store stayed down past its budget: the run stops, with a checkpoint at its last step."""
+
+    signal = "the object store stayed down"
+
+
+@contextlib.contextmanager
+def outage_as_stop() -> Iterator[None]:
+    """The store's error, wherever the run meets it (a step's batch, validation), as a stop."""
+    try:
+        yield
+    except store.StoreUnavailableError as exc:
+        raise StoreOutage(str(exc)) from None
+
+
+class StepMark:
+    """Where the train loader stood after the last optimizer step: an outage met between the
+    fetches of an accumulation window leaves the loader past micro-batches never trained on
+    (the trainer collects a window before its forwards, so nothing else moved)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch, self.position = loader.epoch, loader.position  # a resume's point, or 0
+
+    def step(self) -> None:
+        """After each optimizer step (the run's on_step hook): two counters read."""
+        self.epoch, self.position = self.loader.epoch, self.loader.position
+
+    def loader_state(self, stop: PreemptedError | None = None) -> dict[str, Any]:
+        """The loader's state to save on `stop`; after an outage, as of the last step: positions
+        are global samples, so the window's micro-batches (every rank's) are given back, and a
+        new epoch with no step yet starts at 0. DALI's random state is past them, so it is
+        dropped: the resume starts a fresh stream, in the same sample order."""
+        state = self.loader.state_dict()
+        if isinstance(stop, StoreOutage):
+            position = self.position if state["epoch"] == self.epoch else 0
+            if state["position"] != position:
+                state["position"] = position
+                state.pop("dali", None)
+        return state
+
+
+def can_save(stop: PreemptedError, world_size: int) -> bool:
+    """Whether the run may save on this stop: not after one rank's outage under DDP (above)."""
+    return not isinstance(stop, StoreOutage) or world_size == 1
+
+
+def unsaved(stop: PreemptedError) -> store.StoreUnavailableError:
+    """The error a rank's outage under DDP ends the run with (exit code 75, said by that rank)."""
+    return store.StoreUnavailableError(
+        f"{stop}; no checkpoint at this step under DDP (the other ranks may be inside a "
+        "collective): --resume auto continues from the last saved one once the store is back"
+    )
+
+
+def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, int]] | None:
+    """For a run from an s3:// root: a log record's `store_retries`, the requests retried since
+    this process started, by every rank and its DataLoader workers (store.retries), summed over
+    ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
+    if not store.is_remote(root):
+        return None
+
+    def record() -> dict[str, int]:
+        count = torch.tensor([float(store.retries())], device=device)
+        return {"store_retries": int(all_reduce_sum(count).item())}
+
+    return record

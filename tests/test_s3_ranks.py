@@ -1,0 +1,125 @@
+"""Two ranks (torchrun, gloo, CPU) reading from a real S3-compatible server: the same weights as
+two ranks reading a local copy, through a SIGTERM and `--resume auto`; a store that stays down
+ends every rank (none waits forever in a collective) with the object and the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import small_recipe, torchrun_train
+from s3_server import Server, need_weed, upload_tree
+
+from stallfree.data.readers import store
+from stallfree.recipe import Recipe, dump_toml
+from stallfree.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def _recipe(root: str | Path) -> Recipe:
+    # 60 images, 4 a rank: 7 steps an epoch; one record a step.
+    return small_recipe(
+        root,
+        loader={"backend": "torch", "torch": {"workers": 1}},
+        train={"epochs": 2, "batch_size": 4},
+        optim={"name": "sgd", "lr": 0.05},
+    )
+
+
+def _launch(recipe: Recipe, run: Path, *extra: str) -> subprocess.Popen[str]:
+    path = run.parent / f"{run.name}.toml"
+    path.write_text(dump_toml(recipe))
+    return subprocess.Popen(
+        torchrun_train(str(path), "--out", str(run), *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: signalled as a scheduler does, torchrun and all
+    )
+
+
+def _wait_for_records(proc: subprocess.Popen[str], run: Path, records: int) -> None:
+    metrics, deadline = run / "metrics.jsonl", time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= records:
+            return
+        time.sleep(0.05)
+    raise AssertionError(proc.communicate()[1][-3000:])
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, err
+
+
+def _final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
+
+
+def _train_records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if "loss" in record]
+
+
+@pytest.fixture(scope="module")
+def local_run(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks, uninterrupted, from the local copy."""
+    run = tmp_path_factory.mktemp("ranks") / "local"
+    code, err = _finish(_launch(_recipe(image_root), run))
+    assert code == 0, err[-3000:]
+    return run
+
+
+def test_two_ranks_from_the_store_through_a_sigterm_are_two_ranks_from_a_local_copy(
+    s3_server, local_run: Path, image_root: Path, tmp_path: Path
+) -> None:
+    url = upload_tree(s3_server.client(), image_root, "ranks", "data")
+    run = tmp_path / "s3"
+    proc = _launch(_recipe(url), run)
+    _wait_for_records(proc, run, records=1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = _finish(proc)
+    assert code != 0, err[-3000:]  # torchrun reports a failure: preempted.json says what it was
+    stopped = load_checkpoint(Path(json.loads((run / "preempted.json").read_text())["checkpoint"]))
+    assert stopped["world_size"] == 2 and 0 < stopped["counters"]["optimizer_steps"] < 7  # mid-epoch 0
+    code, err = _finish(_launch(_recipe(url), run, "--resume", "auto"))
+    assert code == 0, err[-3000:]
+    expected = _final_weights(local_run)
+    for name, tensor in _final_weights(run).items():
+        assert torch.equal(tensor, expected[name]), name
+    # Both ranks' counts, summed, in every record: nothing was retried on a clean run.
+    assert {record["store_retries"] for record in _train_records(run)} == {0}
+    assert "store_retries" not in _train_records(local_run)[0]  # a local root: no such field
+
+
+def test_a_store_that_stays_down_ends_both_ranks(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = Server(need_weed(), tmp_path / "weed")
+    server.start()
+    try:
+        for key, value in {**server.env(), store.OUTAGE_ENV: "3", store.ATTEMPTS_ENV: "2"}.items():
+            monkeypatch.setenv(key, value)
+        url = upload_tree(server.client(), image_root, "down", "data")
+        run = tmp_path / "run"
+        proc = _launch(_recipe(url), run)
+        _wait_for_records(proc, run, records=2)
+        server.kill()
+        code, err = _finish(proc, timeout=120)  # a rank left waiting would fail the test here
+    finally:
+        server.kill()
+    assert code != 0
+    errors = [line for line in err.splitlines() if "stallfree: " in line and " error: " in line]
+    assert errors and all(f"{url}/" in line and "(still after 3 s)" in line for line in errors), err[-3000:]
+    assert all("--resume auto continues from the last saved one" in line for line in errors)
