@@ -33,9 +33,10 @@ from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header
-from stallfree.data.readers.inflight import ReaderPool, read_ahead
+from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
+from stallfree.data.sharding import epoch_permutation
 from stallfree.errors import StallfreeError, some_of
 from stallfree.log import NATIVE_STDERR
 from stallfree.parallel import cpu_workers
@@ -85,8 +86,14 @@ class DaliLoader(ShardedLoader):
         # DALI calls the source on the training thread: the files are read (and their headers
         # checked) by this pool, loader.io_depth at a time, the next batches ahead.
         self._readers = ReaderPool(spec.loader.io_depth)
+        # The next epoch's first reads, submitted as this one ends (its reset would else wait
+        # a whole batch's latency, each epoch); used only if that epoch is the next one.
+        self._carried = Carried()
         # Time the training thread spent inside the source, and the batches it handed over.
         self.source_s, self.source_batches = 0.0, 0
+        # The first batches' reads start now, while the pipeline is built and the model made.
+        first = submit(self._plan(0, 0), self._read, self._readers.get(), max(1, spec.loader.prefetch) + 1)
+        self._carried.hold(self._run_key(0, 0), first)
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
@@ -123,17 +130,16 @@ class DaliLoader(ShardedLoader):
         DALI calls it anew after each reset; its body runs at the first batch DALI asks for,
         i.e. after `__iter__` has set the epoch and the start.
         """
-        listing = self.spec.listing
-        assert listing is not None
         self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
         side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
-        plan = (
-            list(zip(listing.paths(ids), listing.labels[ids].tolist()))
-            for ids in map(self._listing_ids, self.plan.batches(self.epoch_order()[0], self._feed_start))
-        )
         ahead = max(1, self.spec.loader.prefetch)  # as many batches as DALI queues
+        then = (self._carried, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
+        carried = self._carried.take(self._run_key(self.epoch, self._feed_start))
+        reads_ahead = read_ahead(
+            self._plan(self.epoch, self._feed_start), self._read, self._readers.get(), ahead, carried, then
+        )
         started = time.perf_counter()
-        for items, reads in read_ahead(plan, self._read, self._readers.get(), ahead):
+        for items, reads in reads_ahead:
             kept = [
                 (data, np.array([label], dtype=np.int64))
                 for (_, label), read in zip(items, reads)
@@ -147,6 +153,18 @@ class DaliLoader(ShardedLoader):
                 yield images, labels, [side] * len(images)
                 started = time.perf_counter()
         self.source_s += time.perf_counter() - started
+
+    def _run_key(self, epoch: int, start: int) -> tuple[int | None, int]:
+        # Unshuffled (validation), every epoch's order is the same.
+        return (epoch if self.shuffle else None, start)
+
+    def _plan(self, epoch: int, start: int) -> Iterator[list[tuple[str, int]]]:
+        """(path, label) of each of this rank's batches of `epoch` from sample `start` on."""
+        listing = self.spec.listing
+        assert listing is not None
+        order = epoch_permutation(self.plan.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)[0]
+        for ids in map(self._listing_ids, self.plan.batches(order, start)):
+            yield list(zip(listing.paths(ids), listing.labels[ids].tolist()))
 
     def _read(self, item: tuple[str, int]) -> tuple[bytes, BadImageError | None]:
         """On a reader thread: the file's bytes, and what its header check found in them."""
@@ -318,6 +336,7 @@ class DaliLoader(ShardedLoader):
 
     def close(self) -> None:
         self._close_iterator()
+        self._carried.cancel()
         self._readers.close()
         if self._routing:
             NATIVE_STDERR.release()

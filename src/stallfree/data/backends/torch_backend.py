@@ -8,13 +8,16 @@ that overlaps the next copy with compute. On a CPU run: normalised in the worker
 from __future__ import annotations
 
 import inspect
+import itertools
 import signal
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -56,6 +59,9 @@ class ImageDataset(Dataset):
         # time by this worker's reader threads; any other reads its own, one at a time.
         takes_bytes = "data" in inspect.signature(transform).parameters
         self.readers = ReaderPool(io_depth) if takes_bytes and io_depth > 1 else None
+        # This worker's next batch's reads, started behind the current batch's (its paths come
+        # with the keys: `Keys.then`), so that no batch starts with a store's whole latency.
+        self._ahead: dict[str, Future[bytes]] = {}
 
     def __len__(self) -> int:
         return len(self.listing)
@@ -70,12 +76,21 @@ class ImageDataset(Dataset):
             return [self[key] for key in keys]
         paths = [self.listing.path(index) for index, _, _ in keys]
         pool = self.readers.get()
-        reads = [pool.submit(read_bytes, path) for path in paths]
+        ahead, self._ahead = self._ahead, {}
+        reads = [ahead.pop(path) if path in ahead else pool.submit(read_bytes, path) for path in paths]
+        for read in ahead.values():  # read for a batch that went elsewhere (an epoch's end)
+            read.cancel()
+        for index in getattr(keys, "then", ()):
+            path = self.listing.path(index)
+            self._ahead[path] = pool.submit(read_bytes, path)
         try:
             return [self._sample(key, path, _read(read)) for key, path, read in zip(keys, paths, reads)]
         finally:
             for read in reads:  # after an error: the batch's reads not started yet
                 read.cancel()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ahead": {}}  # futures stay in the process that made them
 
     def _sample(self, key: tuple[int, int, int], path: str, data: bytes | None) -> tuple[Any, int]:
         index, seed, size = key
@@ -100,6 +115,13 @@ def _read(read: Future[bytes]) -> bytes | None:
         return None
 
 
+class Keys(list):
+    """A batch's keys, and `then`: the sample ids of the batch that the same worker gets next
+    (the DataLoader deals batches to its workers in turn), whose reads it starts early."""
+
+    then: list[int]
+
+
 class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
     """The loader's remaining batches as lists of (sample id, augmentation seed, crop size)."""
 
@@ -114,8 +136,18 @@ class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
     def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         order, base = self.loader.epoch_order()  # once: a permutation is 4 bytes a sample
         size = self.loader.spec.crop_size(self.loader.epoch)
-        for ids in self.loader.plan.batches(order, self.loader.position):
-            yield [(i, seed, size) for i, seed in zip(ids.tolist(), sample_seeds(base, ids).tolist())]
+        # Batch j goes to worker j % workers, whose next one is batch j + workers.
+        workers = max(1, self.loader.dataloader.num_workers)
+        batches = self.loader.plan.batches(order, self.loader.position)
+        window: deque[np.ndarray] = deque(itertools.islice(batches, workers))
+        while window:
+            ids = window.popleft()
+            keys = Keys((i, seed, size) for i, seed in zip(ids.tolist(), sample_seeds(base, ids).tolist()))
+            following = next(batches, None)
+            keys.then = [] if following is None else following.tolist()
+            if following is not None:
+                window.append(following)
+            yield keys
 
 
 def _worker_init(_: int) -> None:

@@ -9,9 +9,10 @@ order, never depends on the pool; only when their bytes arrive does.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -48,22 +49,87 @@ class ReaderPool:
         self.__init__(state["threads"])  # type: ignore[misc]
 
 
+Window = deque[tuple[Sequence[T], list[Future[R]]]]
+
+
+class Carried:
+    """Reads submitted past the end of one run of batches for the run expected next (the next
+    epoch's first batches): held under that run's key, handed over when a run with that key
+    starts, cancelled when another one does."""
+
+    def __init__(self) -> None:
+        self.key: Hashable = None
+        self.window: Window[Any, Any] = deque()
+
+    def take(self, key: Hashable) -> Window[Any, Any]:
+        """The reads held for `key` (none for any other key: those are cancelled)."""
+        window, held = self.window, self.key
+        self.key, self.window = None, deque()
+        if held == key and key is not None:
+            return window
+        _cancel(window)
+        return deque()
+
+    def hold(self, key: Hashable, window: Window[Any, Any]) -> None:
+        """Keep `window` for the run `key`; what was held before is cancelled."""
+        _cancel(self.take(None))
+        self.key, self.window = key, window
+
+    def cancel(self) -> None:
+        """Cancel what is held."""
+        self.hold(None, deque())
+
+
+def submit(
+    batches: Iterable[Sequence[T]], work: Callable[[T], R], pool: ThreadPoolExecutor, count: int
+) -> Window[T, R]:
+    """The first `count` of `batches` with the futures of their reads (to `Carried.hold`)."""
+    return deque(
+        (items, [pool.submit(work, item) for item in items]) for items in itertools.islice(batches, count)
+    )
+
+
 def read_ahead(
-    batches: Iterable[Sequence[T]], work: Callable[[T], R], pool: ThreadPoolExecutor, ahead: int
+    batches: Iterable[Sequence[T]],
+    work: Callable[[T], R],
+    pool: ThreadPoolExecutor,
+    ahead: int,
+    carried: Window[T, R] | None = None,
+    then: tuple[Carried, Hashable, Iterable[Sequence[T]]] | None = None,
 ) -> Iterator[tuple[Sequence[T], list[Future[R]]]]:
     """Each batch with the futures of `work(item)` for its items, in order. Before a batch is
     handed out, the next `ahead` batches are submitted, so that their reads run while the
-    consumer works; what is still queued when the consumer stops is cancelled."""
-    window: deque[tuple[Sequence[T], list[Future[R]]]] = deque()
-    source = iter(batches)
+    consumer works; what is still queued when the consumer stops is cancelled.
+
+    `carried`: the reads of the first batches of `batches`, submitted earlier (`Carried.take`).
+    `then` = (carry, key, the batches expected next): as this run's last batches are handed
+    out, the window fills from those, and once this run has ended they are held in `carry`
+    under `key`, so that the next run's first reads are in flight before it starts.
+    """
+    window: Window[T, R] = carried if carried is not None else deque()
+    source = itertools.islice(iter(batches), len(window), None)  # the carried ones are in
+    following: Window[T, R] = deque()
+    after = iter(then[2]) if then is not None else iter(())
+    ended = False
     try:
         while True:
             while len(window) <= ahead and (items := next(source, None)) is not None:
                 window.append((items, [pool.submit(work, item) for item in items]))
+            while len(window) + len(following) <= ahead and (items := next(after, None)) is not None:
+                following.append((items, [pool.submit(work, item) for item in items]))
             if not window:
+                ended = True
                 return
             yield window.popleft()
     finally:
-        for _, futures in window:
-            for future in futures:
-                future.cancel()
+        _cancel(window)
+        if then is not None and ended:
+            then[0].hold(then[1], following)
+        else:
+            _cancel(following)
+
+
+def _cancel(window: Window[Any, Any]) -> None:
+    for _, futures in window:
+        for future in futures:
+            future.cancel()
