@@ -57,3 +57,14 @@ def test_an_outage_mid_window_resumes_at_the_last_step() -> None:
     assert trainer.optimizer_steps == 3
     for mine, theirs in zip(trainer.model.state_dict().values(), expected.model.state_dict().values()):
         assert torch.equal(mine, theirs)
+
+
+def test_an_outage_after_an_epoch_s_last_step_resumes_at_the_next_epoch() -> None:
+    """Met in validation, or on the next epoch's first fetch: that epoch's start, not the end."""
+    loader = TensorLoader(torch.zeros(8, 3, 8, 8), torch.zeros(8, dtype=torch.int64), batch_size=4)
+    mark = StepMark(loader)
+    for _ in loader:
+        mark.step()
+    loader.set_epoch(1)  # as fit() does before validating
+    state = mark.loader_state(StoreOutage("s3://b/val/x.jpg: down (still after 3 s)"))
+    assert (state["epoch"], state["position"]) == (1, 0)
