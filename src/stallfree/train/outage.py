@@ -7,14 +7,20 @@ exits with PREEMPTED_EXIT_CODE (75), so a requeue loop, or `--resume auto` by ha
 store is back, continues exactly where it stopped.
 
 Under DDP (world size > 1) the rank whose read failed saves nothing: a save gathers every
-rank's loader and RNG state, and the other ranks may at that moment be inside the step's
-gradient all-reduce (their next batch was already there), where a gather would be matched
-against it. It ends with the store's error (one line, exit code 75), without the closing
-barrier; the others fail out of their collective when its connections close (gloo), or
-torchrun stops them (NCCL; without torchrun, the process group's timeout). `--resume auto`
-then continues from the last periodic or epoch-end checkpoint, exactly, retraining the steps
-since. (In the usual case the store is down for every rank, each waits in its own read and
-each ends with its own line; tests/test_s3_ranks.py.)
+rank's loader and RNG state, and another rank may at that moment be inside the step's gradient
+all-reduce. That is common, not rare: the workers of each rank hold their own few batches read
+ahead, so when the store goes, one rank still has its next batch and enters the step's backward
+while another waits in its read. A gather sent then would be matched against that all-reduce.
+So with 2 ranks: rank A's read gives up after the budget; A says its line (the object, the
+reason, exit code 75) and exits without the closing barrier. Rank B is either waiting in its
+own read (it gives up in turn and says its own line) or blocked in the all-reduce: with gloo
+the all-reduce fails when A's connections close; torchrun, seeing A exit, stops B anyway
+(SIGTERM, then SIGKILL after its grace period: a rank blocked in NCCL never returns to Python
+to see a SIGTERM); without torchrun, NCCL's watchdog ends B after the process group's timeout.
+No rank waits forever, no checkpoint is half-written, and `--resume auto` continues exactly
+from the last periodic or epoch-end checkpoint (train.ckpt_every_steps bounds the steps
+retrained). Saving at the last step under DDP would need the ranks to agree, before each
+step's backward, that every one has its batch: a collective per step, not paid for this.
 """
 
 from __future__ import annotations
