@@ -49,13 +49,13 @@ class RunContext:
     dataset: Dataset | None = None
     autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
 
-    def with_dataset(self) -> RunContext:
-        """This context with the dataset listed (once; the slow part of a start)."""
+    def with_dataset(self, *, resuming: bool = False) -> RunContext:
+        """This context with the dataset listed (once; the slow part of a start). `resuming`:
+        an s3:// root's cached listing, the one the run started with, is used."""
         if self.dataset is not None or not self.recipe.data.root:
             return self
-        return dataclasses.replace(
-            self, dataset=resolve_dataset(self.recipe.data, seed=self.recipe.train.seed)
-        )
+        data, seed = self.recipe.data, self.recipe.train.seed
+        return dataclasses.replace(self, dataset=resolve_dataset(data, seed=seed, reuse_listing=resuming))
 
     def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at

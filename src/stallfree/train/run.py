@@ -134,7 +134,9 @@ def train(
             )
             return run.finished_summary()
     # "auto" worker/thread counts: a resume reuses what its checkpoint's recipe records.
-    ctx = ctx.with_dataset().with_loader_counts(found.state["recipe"] if found else None)
+    ctx = ctx.with_dataset(resuming=found is not None).with_loader_counts(
+        found.state["recipe"] if found else None
+    )
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)

@@ -35,13 +35,14 @@ def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
     return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
-def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
+def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = False) -> Dataset:
     """List `data.root/{train,val}/<class>/<image>` once, with train's classes as the label map.
 
     A val class that train lacks is an error (its label would mean nothing); a train class with
     no val folder or no val images is a warning (its accuracy simply goes unmeasured). With
     `data.val_fraction`, a root without val/ holds out that share of train, drawn with `seed`
-    (train.seed).
+    (train.seed). `reuse_listing` (a resume): an s3:// root's cached listing is used (see
+    data/readers/remote.py).
     """
     from stallfree.data.readers import store
 
@@ -70,7 +71,7 @@ def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
 
         return resolve_foreign(Path(data.root))
     if store.is_remote(data.root):
-        return _remote_dataset(data.root.rstrip("/"), data.file_list)
+        return _remote_dataset(data.root.rstrip("/"), data.file_list, reuse_listing)
     root = _check_root(data.root, data.val_fraction)
     classes = tuple(_class_dirs(root / "train"))
     if data.val_fraction:
@@ -92,21 +93,20 @@ def resolve_dataset(data: DataConfig, seed: int = 0) -> Dataset:
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
 
 
-def _remote_dataset(root: str, file_list: str) -> Dataset:
+def _remote_dataset(root: str, file_list: str, reuse: bool) -> Dataset:
     """An ImageFolder-shaped s3:// prefix: the same samples, in the same order, as a local copy
-    gives (see data/readers/remote.py)."""
-    from stallfree.data.readers.remote import class_objects, remote_classes
+    gives; listed once a run (cached per node), a file list lists nothing (see remote.py)."""
+    from stallfree.data.readers import remote
 
-    classes = remote_classes(root)
     if file_list:
-        return _from_file_list(root, classes, file_list)
-    splits, sources = {}, []
-    for split in SPLITS:
-        names, digest = class_objects(f"{root}/{split}", classes)
-        splits[split] = _split_of(f"{root}/{split}", split, classes, names)
-        sources.append(f"{root}/{split}#keys={digest}")  # no times to stat: the keys' ETags
+        return _from_file_list(root, remote.list_classes(file_list), file_list)
+    classes, names, digests = remote.listed(root, reuse=reuse)
+    splits = {}
+    for split in SPLITS:  # a loop, not a comprehension: _split_of's stacklevel counts frames
+        splits[split] = _split_of(f"{root}/{split}", split, classes, names[split])
+    sources = tuple(f"{root}/{split}#keys={digests[split]}" for split in SPLITS)  # no times: ETags
     _warn_unmeasured(f"{root}/val", classes, splits["val"])
-    return Dataset(root=root, classes=classes, splits=splits, sources=tuple(sources))
+    return Dataset(root=root, classes=classes, splits=splits, sources=sources)
 
 
 def _split_of(split_url: str, split: str, classes: tuple[str, ...], names: list[list[str]]) -> Listing:

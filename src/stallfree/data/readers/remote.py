@@ -9,12 +9,47 @@ Each class prefix is listed in full (paginated), the class prefixes in parallel 
 The start-up header check is cached per dataset state as for local folders; here the state is
 a digest of every listed key's name, size and ETag (an object replaced under its own name
 changes its ETag), carried in the Dataset's `sources`.
+
+The listing is cached too (`listed`), per node, beside the check cache. When it is used:
+  * A new run lists every object (96 s for 1.28M keys against a local SeaweedFS on 2 busy
+    cores; see benchmarks/RESULTS.md), so it trains on the store as it is now: an object added,
+    removed or replaced under a known class prefix is seen. S3 has no cheaper way to see
+    that: a prefix has no modification time, and no count.
+  * A resume (`--resume`, a requeue) reuses the cached listing. Checkpoint positions count
+    samples of the listing the run started with; a listing of a store that changed since would
+    silently give them other samples. Only the class prefixes are listed again (one delimiter
+    listing a split, a few requests however many objects): a class prefix added or removed
+    (a different label map) means the store moved under the run, and everything is listed.
+    A key removed since stops the run when its batch comes, with one line naming it (delete
+    the entry, `cache_path`, to have the resume list again); one added waits for a new run.
+  * With several processes a node (torchrun, srun), local rank 0 lists and writes the entry;
+    the node's other ranks wait for that entry of this launch (their parent process, the
+    launcher's agent, is the launch's token) and read it, so a node lists once, not 8 times.
+    Without a writable cache every rank lists. Nodes list apart, as they would walk local
+    copies: a store changed between two nodes' listings would give them different datasets.
+A `data.file_list` lists nothing: the list names the classes and the objects.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import socket
+import time
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
 from stallfree.data.readers import store
-from stallfree.data.readers.listing import DatasetError
+from stallfree.data.readers.listing import SPLITS, DatasetError
+from stallfree.parallel import DistInfo
+from stallfree.version import __version__
+
+# How long a node's other ranks wait for local rank 0's listing before listing themselves (a
+# 14M-key listing takes minutes; a lister that died takes its launcher, and them, down first).
+WAIT_S = 1800.0
 
 
 def imagefolder_order(names: list[str]) -> list[str]:
@@ -31,16 +66,22 @@ def imagefolder_order(names: list[str]) -> list[str]:
     return [name for rel in order for name in sorted(groups[rel])]
 
 
-def _classes(root: str, split: str) -> list[str]:
-    return [name for name in store.list_dirs(store.join(root, split)) if not name.startswith(".")]
+def class_prefixes(root: str) -> dict[str, list[str]]:
+    """Each split's class prefixes (a delimiter listing each: requests by classes, not objects)."""
+    return {
+        split: [name for name in store.list_dirs(store.join(root, split)) if not name.startswith(".")]
+        for split in SPLITS
+    }
 
 
-def remote_classes(root: str) -> tuple[str, ...]:
-    """Train's class prefixes (the label map); a val class that train lacks is an error."""
-    classes = tuple(_classes(root, "train"))
+def remote_classes(root: str, prefixes: dict[str, list[str]] | None = None) -> tuple[str, ...]:
+    """Train's class prefixes (the label map); a val class that train lacks is an error.
+    `prefixes`: each split's class prefixes, when already listed."""
+    prefixes = prefixes or class_prefixes(root)
+    classes = tuple(prefixes["train"])
     if not classes:
         raise DatasetError(f"{root}/train/ has no class prefixes; expected {root}/train/<class>/<image>")
-    unknown = sorted(set(_classes(root, "val")) - set(classes))
+    unknown = sorted(set(prefixes["val"]) - set(classes))
     if unknown:
         raise DatasetError(
             f"{root}/val/ has class prefixes that {root}/train/ lacks: {', '.join(unknown)}; "
@@ -49,9 +90,189 @@ def remote_classes(root: str) -> tuple[str, ...]:
     return classes
 
 
+def list_classes(file_list: str) -> tuple[str, ...]:
+    """The classes a `data.file_list` names under train/ (sorted, as prefixes are): with a list,
+    nothing is listed. A class prefix the list names no image of is no class here (a local
+    root's folder would be an error: a label never learned); () for a missing list, which the
+    folder reader names."""
+    found: set[str] = set()
+    try:
+        with open(file_list, encoding="utf-8", errors="surrogateescape") as lines:
+            for line in lines:
+                text = line.strip()
+                if text.startswith("train/") and "/." not in text and "//" not in text:
+                    parts = text.split("/", 2)
+                elif text and not text.startswith("#"):
+                    parts = os.path.normpath(text).split("/", 2)
+                else:
+                    continue
+                if len(parts) == 3 and parts[0] == "train" and not parts[1].startswith("."):
+                    found.add(parts[1])
+    except FileNotFoundError:
+        return ()
+    return tuple(sorted(found))
+
+
 def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[str]], str]:
     """Each class prefix's object names (relative to it) in ImageFolder's order, and one digest
     of every key, size and ETag under them (the start-up check cache's key)."""
     listed = store.list_many([store.join(split_url, name) for name in classes])
     names = [imagefolder_order([key for key, _ in objects]) for objects, _ in listed]
     return names, store.digest_of([digest for _, digest in listed])
+
+
+# (train's classes, each split's object names per class, each split's digest of keys and ETags)
+Listed = tuple[tuple[str, ...], dict[str, list[list[str]]], dict[str, str]]
+
+
+def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
+    """The prefix's classes, object names and digests: for a resume (`reuse`), the node's cached
+    listing while the class prefixes still hold; on a node's other ranks, local rank 0's listing
+    of this launch; else listed, and cached (see the module's docstring for why)."""
+    dist = dist or DistInfo.from_env()
+    prefixes = class_prefixes(root)  # the cheap revalidation: a few requests, not one per 1,000 keys
+    classes = remote_classes(root, prefixes)
+    path = cache_path(root)
+    if reuse and (entry := _load(path, root)) is not None and entry["prefixes"] == prefixes:
+        return _unpack(entry)
+    token = _launch_token()
+    if dist.local_world_size > 1 and dist.local_rank != 0 and _writable(path.parent):
+        entry = _wait(path, root, token)
+        if entry is not None:  # rank 0's, even if the store moved since: the node's ranks agree
+            return _unpack(entry)
+    names, digests = {}, {}
+    for split in SPLITS:
+        names[split], digests[split] = class_objects(store.join(root, split), classes)
+    entry = {"version": __version__, "root": root, "token": token, "host": socket.gethostname()}
+    entry["listed_at"] = time.time()
+    entry |= {"prefixes": prefixes, "classes": list(classes), "digests": digests}
+    # One string a class ("\0" is in no key: XML cannot carry it): a fast load at 1M+ names.
+    entry["names"] = {split: ["\0".join(files) for files in names[split]] for split in SPLITS}
+    _save(path, entry)
+    return classes, names, digests
+
+
+def _endpoint() -> str:
+    return os.environ.get(store.ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or "aws"
+
+
+def cache_path(root: str) -> Path:
+    """The node's listing of `root` at this endpoint (one bucket name, many stores); remove it
+    to have a resume list everything again."""
+    from stallfree.data.readers.startup_check import cache_dir
+
+    key = hashlib.sha256(f"{_endpoint()}\0{root}".encode()).hexdigest()[:32]
+    return cache_dir() / f"listing-{key}.json.z"
+
+
+def _launch_token() -> str:
+    """What a node's ranks of one launch share and the next launch does not: their parent
+    process (torchrun's agent, srun's step daemon) with its start time (pids are reused), and
+    the agent's restart count."""
+    ppid = os.getppid()
+    try:  # field 22 of /proc/PID/stat, counted after the ")" that ends the command name
+        started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = ""
+    return f"{ppid} {started} {os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
+
+
+def _save(path: Path, entry: dict[str, Any]) -> None:
+    """Write the entry atomically; one that cannot be written only costs the next start a listing."""
+    from stallfree.data.readers.startup_check import write_cache_file
+
+    exc = write_cache_file(path, zlib.compress(json.dumps(entry).encode(), 1))
+    if exc is not None:
+        warnings.warn(
+            f"cannot write the listing cache {path} ({exc.strerror or exc}): a resume lists "
+            "again; set STALLFREE_CACHE to a writable folder",
+            stacklevel=3,
+        )
+
+
+def _load(path: Path, root: str) -> dict[str, Any] | None:
+    """The entry, or None: absent, another version's, or not as `_save` wrote it (warned)."""
+    try:
+        entry = json.loads(zlib.decompress(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, zlib.error):
+        entry = None
+    if isinstance(entry, dict) and entry.get("version") != __version__:
+        return None  # another version's: listed again, silently
+    if _well_formed(entry, root):
+        return entry
+    warnings.warn(f"listing cache {path} is damaged: ignored, the prefix is listed again", stacklevel=3)
+    return None
+
+
+def _well_formed(entry: Any, root: str) -> bool:
+    if not isinstance(entry, dict) or entry.get("root") != root:
+        return False
+    classes, names, digests = entry.get("classes"), entry.get("names"), entry.get("digests")
+    return (
+        isinstance(classes, list)
+        and isinstance(entry.get("prefixes"), dict)
+        and isinstance(names, dict)
+        and isinstance(digests, dict)
+        and all(
+            isinstance(names.get(s), list)
+            and len(names[s]) == len(classes)
+            and all(isinstance(n, str) for n in names[s])
+            and isinstance(digests.get(s), str)
+            for s in SPLITS
+        )
+    )
+
+
+def _unpack(entry: dict[str, Any]) -> Listed:
+    names = {split: [text.split("\0") if text else [] for text in entry["names"][split]] for split in SPLITS}
+    return tuple(entry["classes"]), names, dict(entry["digests"])
+
+
+def _started() -> float:
+    """When this process started (wall clock, from /proc); now where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = [line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")]
+        return int(btime[0].split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _elsewhere_since(entry: dict[str, Any], started: float) -> bool:
+    listed_at = entry.get("listed_at")
+    elsewhere = entry.get("host") != socket.gethostname()
+    return elsewhere and isinstance(listed_at, (int, float)) and listed_at > started
+
+
+def _wait(path: Path, root: str, token: str) -> dict[str, Any] | None:
+    """Local rank 0's entry of this launch (read when the file changes), or None after WAIT_S.
+    Another node's entry listed since this process started counts too: on a cache shared by
+    several nodes, that node's rank 0 of the same job may have replaced this node's since."""
+    deadline, seen, started = time.monotonic() + WAIT_S, None, _started()
+    while time.monotonic() < deadline:
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            stamp = None
+        if stamp is not None and stamp != seen:
+            seen = stamp
+            entry = _load(path, root)
+            if entry is not None and (entry.get("token") == token or _elsewhere_since(entry, started)):
+                return entry
+        time.sleep(0.2)
+    warnings.warn(
+        f"local rank 0 wrote no listing of {root} to {path} in {WAIT_S:.0f} s: listing it here",
+        stacklevel=3,
+    )
+    return None

@@ -66,12 +66,15 @@ def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels
     )
 
 
-def write_cache_file(path: Path, text: str) -> OSError | None:
+def write_cache_file(path: Path, text: str | bytes) -> OSError | None:
     """Write a cache file atomically (temp file, rename); the error, if it could not be."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
         return exc
