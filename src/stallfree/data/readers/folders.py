@@ -59,10 +59,9 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
         if store.is_remote(data.root):
             if store.exists(store.join(data.root, MANIFEST)):
                 return resolve_shards(data.root)
-            raise DatasetError(
-                f"data.root {data.root} has no {MANIFEST}: from an object store, stallfree reads "
-                "the shards `stallfree data pack` writes; pack them, or copy them to a local disk"
-            )
+            from stallfree.data.readers.webdataset import resolve_foreign
+
+            return resolve_foreign(data.root)  # other people's shards, read in place there too
         if not Path(data.root).is_dir():
             raise DatasetError(f"data.root {data.root} does not exist")
         if (Path(data.root) / MANIFEST).is_file():

@@ -309,6 +309,19 @@ def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
     return out, digest.hexdigest()
 
 
+def list_objects(url: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
+    """{name relative to the "folder" `url`: (size, ETag)} of every object under it (`shallow`:
+    right under it only): what tells one object's state from another's (an object replaced
+    under its name gets a new ETag)."""
+    base = url.rstrip("/") + "/"
+    cut = len(split_url(base)[1])
+    return {
+        obj["Key"][cut:]: (int(obj["Size"]), str(obj.get("ETag", "")))
+        for page in _pages(base, **({"Delimiter": "/"} if shallow else {}))
+        for obj in page.get("Contents", ())
+    }
+
+
 def list_many(urls: list[str], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
     """`list_prefix` of each URL (class prefixes, say), `threads` listings in flight."""
     if len(urls) <= 1:
