@@ -77,11 +77,15 @@ class LatencyProxy:
         # next chunk starts a new request.
         answered = asyncio.Event()
         answered.set()
-        await asyncio.gather(
-            self._pump(client_in, server_out, before=self._delayed(answered)),
-            self._pump(server_in, client_out, before=_setter(answered)),
-            return_exceptions=True,
-        )
+        try:
+            await asyncio.gather(
+                self._pump(client_in, server_out, before=self._delayed(answered)),
+                self._pump(server_in, client_out, before=_setter(answered)),
+                return_exceptions=True,
+            )
+        except asyncio.CancelledError:  # stop() with connections open: end them quietly
+            server_out.close()
+            client_out.close()
 
     def _delayed(self, answered: asyncio.Event):
         async def before() -> None:
