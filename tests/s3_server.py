@@ -57,9 +57,12 @@ def _free(port: int) -> bool:
 
 
 def _free_port(taken: set[int]) -> int:
-    """A free loopback port whose +10000 (where weed puts the service's gRPC) is free too."""
+    """A free loopback port whose +10000 (where weed puts the service's gRPC) is free too.
+    Both below the kernel's ephemeral range (32768-60999 by default): a port found free there
+    could be given to some client's connection before weed binds it (seen: "bind: address
+    already in use" under a loaded suite)."""
     while True:
-        port = random.randrange(20_000, 45_000)
+        port = random.randrange(12_000, 22_700)
         if not {port, port + 10_000} & taken and _free(port) and _free(port + 10_000):
             taken |= {port, port + 10_000}
             return port

@@ -22,8 +22,15 @@ from stallfree.train.run import train
 
 @pytest.fixture(scope="module")
 def learnable_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 0.4 of the demo's size (80-200 px): the run crops 32 px, so bigger files would only
+    # cost decode time (this test once took a minute of CPU, most of it decoding).
     return write_demo(
-        tmp_path_factory.mktemp("learn"), train_per_class=40, val_per_class=10, seed=3, progress=False
+        tmp_path_factory.mktemp("learn"),
+        train_per_class=40,
+        val_per_class=10,
+        seed=3,
+        progress=False,
+        scale=0.4,
     )
 
 

@@ -117,13 +117,18 @@ def pink_noise(height: int, width: int, rng: np.random.Generator, alpha: float =
     return (texture - texture.mean()) / texture.std()
 
 
-def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = False) -> Image.Image:
+def draw_image(
+    class_index: int, rng: np.random.Generator, photo_like: bool = False, scale: float = 1.0
+) -> Image.Image:
     """One sample of class `class_index`: shape over clutter, noise, photo-like size.
 
     `photo_like` adds a natural-image texture (short side 333-500): JPEGs near 100 KB that
     cost what ImageNet files cost to decode, where flat drawings would flatter every loader.
+    `scale` shrinks the short side (0.2: 40-100 px), for tests that need many cheap images;
+    the random draws are the same, so each class looks the same, smaller.
     """
     short = int(rng.integers(333, 501) if photo_like else rng.integers(200, 501))
+    short = max(16, int(short * scale))
     aspect = float(rng.uniform(0.75, 1.6))
     w, h = (int(short * aspect), short) if rng.random() < 0.7 else (short, int(short * aspect))
     bg = _random_color(rng)
@@ -138,7 +143,7 @@ def draw_image(class_index: int, rng: np.random.Generator, photo_like: bool = Fa
                 width=int(rng.integers(1, 5)),
             )
         else:
-            s = rng.uniform(4, short * 0.06)
+            s = rng.uniform(4, max(4.0, short * 0.06))
             d.ellipse((x - s, y - s, x + s, y + s), fill=_random_color(rng))
     r = rng.uniform(0.18, 0.38) * short
     cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
@@ -162,15 +167,17 @@ def write_demo(
     gray_every: int = 25,
     progress: bool = True,
     photo_like: bool = False,
+    scale: float = 1.0,
 ) -> Path:
-    """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`."""
+    """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`
+    (`scale`: a smaller short side, see `draw_image`)."""
     out = Path(out)
     counts = {"train": train_per_class, "val": val_per_class}
     jobs = [(split, c, i) for split in SPLITS for c in range(len(CLASSES)) for i in range(counts[split])]
     names = list(CLASSES)
     for split, c, i in tqdm(jobs, desc=f"demo data -> {out}", disable=not progress, unit="img"):
         rng = np.random.default_rng([seed, SPLITS[split], c, i])
-        img = draw_image(c, rng, photo_like)
+        img = draw_image(c, rng, photo_like, scale)
         if gray_every and i % gray_every == gray_every - 1:
             img = img.convert("L")
         path = out / split / names[c] / f"{names[c]}_{i:05d}.jpg"
