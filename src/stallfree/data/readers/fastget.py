@@ -1,32 +1,77 @@
-"""Opt-in (STALLFREE_S3_FAST_GET=1): object GETs as a presigned URL sent with urllib3.
+"""Object GETs at a tenth of botocore's CPU: obstore (Rust's `object_store`, Apache Arrow's).
 
-Why: one botocore `get_object` costs ~3.1-3.6 ms of Python CPU (its event hooks, endpoint
-rules, parsing, signing); a SigV4-presigned URL sent with urllib3 costs ~1.8-2.2 ms (measured
-on 2 shared EPYC cores, 200 GETs of 20 kB from SeaweedFS). The loaders keep reads in flight, so
-a store's latency is hidden; its CPU per object is not, and on small images it is as much as
-the decode (benchmarks/RESULTS.md, "Object store latency"). Off by default: on the loader
-benchmark the saving did not show through that machine's noise.
+Why: one botocore `get_object` costs ~3 ms of Python CPU (event hooks, endpoint rules,
+signing, parsing), as much as decoding a small JPEG, and all of it under the GIL, so on a few
+cores the store, not its latency, bounds a loader (benchmarks/RESULTS.md, "Object store
+latency"). obstore signs and sends the same request in Rust, outside the GIL: 0.25-0.38 ms of
+CPU a 20 kB GET against botocore's 3.0-3.4 here (AMD EPYC, SeaweedFS on loopback,
+200 serial GETs in one process). It is a well-kept client (the `object_store` crate is
+Arrow's and DataFusion's), not home-made signing.
 
-Only the plain case goes this way. Anything else (an answer other than 200/206, a network
-error, a body cut short) returns None and the caller makes the botocore call, whose retries,
-outage waits and one-line errors then apply. URLs are signed with SigV4 (botocore's default
-presign is SigV2 in us-east-1, which S3 refuses for newer buckets) and verified with botocore's
-CA bundle variables. An HTTP(S) proxy in the environment (which urllib3 would not use as
-botocore does) turns it off; a TLS or proxy failure turns it off for the process.
+Only a loader's reads go this way (see `enable`), and only the plain case: botocore keeps
+listing, HEADs, the start-up checks, and every error. obstore retries nothing here; any error
+(a missing key, a refusal, a store that does not answer) returns None and the caller makes the
+botocore call, whose retries, outage wait, retry counts and one-line errors then apply.
+Credentials, region and endpoint come from the store's boto3 client (the standard chain,
+refreshed through botocore); none is printed or kept. Off with STALLFREE_S3_FAST_GET=0,
+without obstore installed, and where an HTTP(S) proxy is set (botocore honours it; this path
+would not).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 ENV = "STALLFREE_S3_FAST_GET"
 _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 _lock = threading.Lock()
-# [the store's client, then (presigning client, urllib3.PoolManager) or False (off)]: made anew
-# with each client of the store's (one a process, and another when its endpoint is changed).
+# [the boto3 client the stores were made for, {bucket: obstore store} or False (off)]: a
+# client is made again after a fork (store.client), and the stores with it.
 _pools: list[Any] = [None, False]
+# obstore's runtime (tokio's threads) does not survive a fork: a child of a process that has
+# made a GET this way would wait forever on its first one. Such a child (a DataLoader worker
+# forked after the main process read from the store) reads through botocore; a child forked
+# before any use (the usual case: workers read, the main process does not) starts its own.
+_used = [False]
+_inherited = [False]
+# Only a loader's reader threads take this path (`enable`, from inflight.ReaderPool): a main
+# process that reads headers or listings at start-up, then forks its DataLoader workers, has
+# not started obstore's runtime, so the workers can.
+_enabled = [False]
+
+
+def enable() -> None:
+    """GETs of this process go through obstore from now on (where it is installed)."""
+    _enabled[0] = True
+
+
+def _after_fork() -> None:
+    _inherited[0] = _used[0]
+    _enabled[0] = False
+    _pools[:] = [None, False]
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _credentials(client: Any) -> Any:
+    """obstore's credential callback over the client's botocore credentials (refreshed by them)."""
+    source = client._get_credentials()  # noqa: SLF001 - the client's own resolved chain
+
+    def provide() -> dict[str, Any]:
+        frozen = source.get_frozen_credentials()
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            # Asked again every 5 minutes: botocore refreshes a role's credentials before expiry.
+            "expires_at": datetime.now(timezone.utc) + timedelta(minutes=5),
+        }
+
+    return provide
 
 
 def _made(client: Any) -> Any:
@@ -34,45 +79,59 @@ def _made(client: Any) -> Any:
         return _pools[1]
     with _lock:
         if _pools[0] is not client:
-            _pools[:] = [client, _make()]
+            _pools[:] = [client, _make(client)]
         return _pools[1]
 
 
-def _make() -> Any:
-    if os.environ.get(ENV, "0") != "1" or any(os.environ.get(name) for name in _PROXIES):
+def _make(client: Any) -> Any:
+    if _inherited[0] or os.environ.get(ENV, "1") == "0" or any(os.environ.get(n) for n in _PROXIES):
         return False
-    import boto3
-    import urllib3
-    from botocore.config import Config
-
-    # Signs only: credentials, region and endpoint from the standard chain, as the store's client.
-    signer = boto3.session.Session().client("s3", config=Config(signature_version="s3v4"))
-    ca = os.environ.get("AWS_CA_BUNDLE") or os.environ.get("REQUESTS_CA_BUNDLE")  # botocore's order
-    # As many connections as the store's client (64); no retries here: botocore's do them.
-    extra: dict[str, Any] = {"ca_certs": ca} if ca else {}
-    pool = urllib3.PoolManager(
-        maxsize=64, retries=False, timeout=urllib3.Timeout(connect=5, read=30), **extra
-    )
-    return signer, pool
-
-
-def get(client: Any, bucket: str, key: str, byte_range: str | None = None) -> bytes | None:
-    """The object's bytes (`byte_range`: an HTTP Range value), or None: make the botocore call
-    on `client` (the store's, whose endpoint and credentials the URL's signer shares)."""
-    made = _made(client)
-    if made is False:
-        return None
-    import urllib3
-
-    signer, pool = made
     try:
-        url = signer.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=900
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    if client._get_credentials() is None:  # noqa: SLF001 - botocore's call names the reason
+        return False
+    return {}
+
+
+def _store(client: Any, stores: dict[str, Any], bucket: str) -> Any:
+    found = stores.get(bucket)
+    if found is None:
+        from obstore.store import S3Store
+
+        endpoint = client.meta.endpoint_url
+        found = S3Store(
+            bucket,
+            endpoint=endpoint,
+            region=client.meta.region_name or "us-east-1",
+            virtual_hosted_style_request=False,  # as botocore addresses a custom endpoint
+            credential_provider=_credentials(client),
+            retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=30)},
+            client_options={
+                "allow_http": endpoint.startswith("http://"),
+                "connect_timeout": timedelta(seconds=5),
+                "timeout": timedelta(seconds=30),
+            },
         )
-        response = pool.request("GET", url, headers={"Range": byte_range} if byte_range else None)
-    except (urllib3.exceptions.SSLError, urllib3.exceptions.ProxyError):
-        _pools[1] = False  # would fail every time: botocore's settings differ
+        stores[bucket] = found
+    return found
+
+
+def get(client: Any, bucket: str, key: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
+    """The object's bytes (`byte_range`: (start, end) exclusive), or None: make the botocore
+    call on `client` (the store's, whose endpoint and credentials these requests share)."""
+    stores = _made(client) if _enabled[0] else False
+    if not isinstance(stores, dict):
         return None
+    import obstore
+
+    try:
+        store = _store(client, stores, bucket)
+        _used[0] = True
+        if byte_range is None:
+            return bytes(obstore.get(store, key).bytes())
+        start, end = byte_range
+        return bytes(obstore.get_range(store, key, start=start, end=end))
     except Exception:  # noqa: BLE001 - botocore's call then retries it and names the reason
         return None
-    return response.data if response.status in (200, 206) else None

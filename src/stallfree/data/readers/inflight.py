@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from stallfree.data.readers import fastget
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -32,6 +34,7 @@ class ReaderPool:
     def get(self) -> ThreadPoolExecutor:
         """The pool of this process."""
         if self._pool is None or self._pid != os.getpid():
+            fastget.enable()  # a loader's reads: object GETs through obstore from here on
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stallfree-read")
             self._pid = os.getpid()
         return self._pool

@@ -232,7 +232,7 @@ def read(url: str, limit: int | None = None) -> bytes:
     """The object's bytes (at most `limit`)."""
     bucket, key = split_url(url)
     extra: dict[str, Any] = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
-    fast = fastget.get(client(), bucket, key, extra.get("Range"))  # opt-in, less CPU; else:
+    fast = fastget.get(client(), bucket, key, (0, limit) if limit else None)  # a tenth of the CPU
     if fast is not None:
         return fast
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
@@ -253,7 +253,7 @@ def read_range(url: str, start: int, length: int) -> bytes:
         return b""
     bucket, key = split_url(url)
     span = f"bytes={start}-{start + length - 1}"
-    fast = fastget.get(client(), bucket, key, span)
+    fast = fastget.get(client(), bucket, key, (start, start + length))
     if fast is not None:
         return fast
     for attempt in range(3):
