@@ -94,13 +94,14 @@ def unsaved(stop: PreemptedError) -> store.StoreUnavailableError:
 
 def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, int]] | None:
     """For a run from an s3:// root: a log record's `store_retries`, the requests retried since
-    this process started, by every rank and its DataLoader workers (store.retries), summed over
-    ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
+    this run (segment) started, by every rank and its DataLoader workers (store.retries), summed
+    over ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
     if not store.is_remote(root):
         return None
+    before = store.retries()  # a process that ran something else first (train() in a notebook)
 
     def record() -> dict[str, int]:
-        count = torch.tensor([float(store.retries())], device=device)
+        count = torch.tensor([float(store.retries() - before)], device=device)
         return {"store_retries": int(all_reduce_sum(count).item())}
 
     return record
