@@ -68,7 +68,9 @@ def _timed(feed: Any) -> Any:
     return timed
 
 
-def measure(data: Path, backend: str, workers: int, batch: int, batches: int) -> dict[str, Any]:
+def measure(
+    data: Path, backend: str, workers: int, batch: int, batches: int, io_depth: int = 16
+) -> dict[str, Any]:
     """One `measure_loader` run: images/s (and DALI's time in its source, where it reports it)."""
     from stallfree.bench.run import measure_loader
     from stallfree.recipe import recipe_from_dict
@@ -79,7 +81,12 @@ def measure(data: Path, backend: str, workers: int, batch: int, batches: int) ->
             "augment": {"image_size": 96, "resize_size": 110},
             "model": {"name": "small_cnn"},
             "train": {"batch_size": batch, "precision": "fp32", "device": "cpu"},
-            "loader": {"backend": backend, "torch": {"workers": workers}, "dali": {"threads": workers}},
+            "loader": {
+                "backend": backend,
+                "io_depth": io_depth,
+                "torch": {"workers": workers},
+                "dali": {"threads": workers},
+            },
         }
     )
     return measure_loader(recipe, warmup=2, batches=batches)
