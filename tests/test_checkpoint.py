@@ -163,7 +163,8 @@ def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Pat
 
 @pytest.mark.slow
 def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) -> None:
-    recipe = small_recipe(image_root, train={"epochs": 8, "batch_size": 4, "log_every": 1})
+    # 3 epochs of 15 steps: signalled after step 3, 42 steps of margin, and a short resume.
+    recipe = small_recipe(image_root, train={"epochs": 3, "batch_size": 4, "log_every": 1})
     proc, cmd, run = train_until_logged(recipe, tmp_path, records=3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -171,12 +172,12 @@ def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) ->
     assert "--resume auto" in err
     state, path = Checkpointer(run / "checkpoints").load_latest()
     steps_done = state["counters"]["optimizer_steps"]
-    assert 0 < steps_done < 8 * 15  # stopped mid-run, not at the end
+    assert 0 < steps_done < 3 * 15  # stopped mid-run, not at the end
     assert state["ranks"][0]["loader"]["position"] > 0 or steps_done % 15 == 0
     resumed = subprocess.run(cmd + ["--resume", "auto"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["optimizer_steps"] == 8 * 15
+    assert summary["optimizer_steps"] == 3 * 15
 
 
 def test_pruning_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> None:
