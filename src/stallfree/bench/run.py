@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -119,7 +119,8 @@ def _source_time(loader: Loader) -> list[float]:
     """[seconds, batches] the loader's source spent on the calling thread; [] if it keeps none."""
     if not hasattr(loader, "source_batches"):
         return []
-    return [loader.source_s, loader.source_batches]
+    timed = cast(Any, loader)  # the DALI loader's counters (hasattr above)
+    return [timed.source_s, timed.source_batches]
 
 
 def measure_train(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
     classes = ctx.num_classes
     model = build_model(recipe.model, classes).to(device)
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
+    model = model.to(memory_format=memory_format)  # type: ignore[call-overload]  # torch's stub lacks it
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     size, batch = recipe.augment.size_at(0), recipe.train.batch_size
     images = torch.randn(batch, 3, size, size, device=device).to(memory_format=memory_format)
@@ -269,11 +270,14 @@ def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str
     if not backend.startswith("dali") or not (cfg.threads or cfg.hw_decoder_loads):
         return [(None, [])]
     out: list[tuple[str | None, list[str]]] = []
-    for threads in cfg.threads or [None]:
-        for load in cfg.hw_decoder_loads or [None]:
-            label = " ".join(
-                filter(None, [threads is not None and f"{threads}", load is not None and f"hw{load:g}"])
+    thread_counts: list[int | None] = [*cfg.threads] or [None]
+    loads: list[float | None] = [*cfg.hw_decoder_loads] or [None]
+    for threads in thread_counts:
+        for load in loads:
+            parts = ([f"{threads}"] if threads is not None else []) + (
+                [f"hw{load:g}"] if load is not None else []
             )
+            label = " ".join(parts)
             sets = ([f"loader.dali.threads={threads}"] if threads is not None else []) + (
                 [f"loader.dali.hw_decoder_load={load}"] if load is not None else []
             )

@@ -92,7 +92,7 @@ def unsaved(stop: PreemptedError) -> store.StoreUnavailableError:
     )
 
 
-def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, int]] | None:
+def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, float]] | None:
     """For a run from an s3:// root: a log record's `store_retries`, the requests retried since
     this run (segment) started, by every rank and its DataLoader workers (store.retries), summed
     over ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
@@ -100,7 +100,7 @@ def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, in
         return None
     before = store.retries()  # a process that ran something else first (train() in a notebook)
 
-    def record() -> dict[str, int]:
+    def record() -> dict[str, float]:
         count = torch.tensor([float(store.retries() - before)], device=device)
         return {"store_retries": int(all_reduce_sum(count).item())}
 

@@ -10,7 +10,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -175,8 +175,9 @@ def train(
         all_ranks_here = True
         raise
     finally:
-        for item in (*loaders.values(), sinks):
-            item.close()
+        for loader in loaders.values():
+            loader.close()
+        sinks.close()
         if all_ranks_here:
             shutdown()
     summary.update(
@@ -199,7 +200,7 @@ def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -
     def step(n: int) -> None:
         images = torch.zeros((n, 3, size, size), device=device).to(memory_format=memory_format)
         try:
-            with model.no_sync(), trainer.policy.autocast():
+            with cast(Any, model).no_sync(), trainer.policy.autocast():  # DDP's no_sync
                 model(images).float().sum().backward()
         finally:
             trainer.optimizer.zero_grad(set_to_none=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -152,7 +152,7 @@ class Trainer:
         """DDP: gradients all-reduce only on a window's last backward (no_sync on the others)."""
         if last or not hasattr(self.model, "no_sync"):
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        return cast(Any, self.model).no_sync()  # DDP's; nn.Module's stub types it a Tensor
 
     def _empty_step(self, batch: Batch, boundary: bool) -> None:
         """A micro-batch with no sample: nothing to learn, but under DDP the boundary backward

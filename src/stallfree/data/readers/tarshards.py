@@ -240,6 +240,12 @@ class RangedFile:
         return self.pos
 
 
+def _verify_all(checked: list[tuple[str, list[Entry], list[int]]]) -> None:
+    """`verify_members` of each (shard, entries, labels)."""
+    for item in checked:
+        verify_members(*item)
+
+
 def verify_members(shard: str | Path, entries: list[Entry], labels: list[int]) -> None:
     """Read each member's tar header back (name, place) and each .cls against its label."""
     if store.is_remote(str(shard)):
@@ -299,9 +305,7 @@ def resolve_shards(root_text: str) -> Dataset:
         if not len(builder):
             raise ShardError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
-    cached_check(
-        "shards", _state_key(root, sources, digest), lambda: [verify_members(*item) for item in checked]
-    )
+    cached_check("shards", _state_key(root, sources, digest), lambda: _verify_all(checked))
     # In a store no shard has a time to stat: the listing's digest (names, sizes, ETags) stands
     # for it in the start-up checks' cache key, so a shard replaced in place is checked again.
     state = (f"{root}#keys={digest}",) if digest else ()
