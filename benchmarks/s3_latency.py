@@ -31,18 +31,10 @@ LOCAL, DIRECT = "local", "direct"  # the files on disk; the store without the pr
 
 
 def start_proxy(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
-    """A latency proxy process in its own session; (process, its endpoint)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE.parent / "tests" / "latency_proxy.py"), "--upstream", upstream,
-         "--delay-ms", str(delay_ms)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline().split()
-    if line[:1] != ["listening"]:
-        proc.kill()
-        raise RuntimeError(f"the latency proxy did not start: {line}")
-    return proc, line[1]
+    """tests/latency_proxy.py in a process of its own; (process, endpoint)."""
+    from latency_proxy import start_process
+
+    return start_process(upstream, delay_ms)
 
 
 def child(args: argparse.Namespace) -> None:

@@ -110,17 +110,9 @@ def streamed(urls: list[str], depth: int) -> int:
 
 def start_proxy(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
     """tests/latency_proxy.py in a process of its own; (process, endpoint)."""
-    script = HERE.parent / "tests" / "latency_proxy.py"
-    cmd = [sys.executable, str(script), "--upstream", upstream, "--delay-ms", str(delay_ms)]
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().split()
-    if line[:1] != ["listening"]:
-        proc.kill()
-        raise RuntimeError(f"the latency proxy did not start: {line}")
-    return proc, line[1]
+    from latency_proxy import start_process
+
+    return start_process(upstream, delay_ms)
 
 
 def measure(args: argparse.Namespace, members: list[Member], endpoint: str, delay: str) -> list[str]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
+import sys
 import threading
 from urllib.parse import urlsplit
 
@@ -114,6 +116,21 @@ def _setter(event: asyncio.Event):
         event.set()
 
     return before
+
+
+def start_process(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    """This proxy in a process of its own session (a benchmark's: it then takes no CPU from the
+    measured process's GIL); (the process, its endpoint)."""
+    cmd = [sys.executable, __file__, "--upstream", upstream, "--delay-ms", str(delay_ms)]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if line[:1] != ["listening"]:
+        proc.kill()
+        raise RuntimeError(f"the latency proxy did not start: {line}")
+    return proc, line[1]
 
 
 def main() -> None:
