@@ -12,7 +12,8 @@ from helpers import small_recipe
 
 import stallfree
 from stallfree.data.readers.folders import DatasetError, resolve_dataset
-from stallfree.recipe import DataConfig, RecipeError, check_paths, dump_toml, load_recipe
+from stallfree.data.readers.paths import check_paths
+from stallfree.recipe import DataConfig, RecipeError, dump_toml, load_recipe
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 

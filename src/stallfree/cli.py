@@ -14,6 +14,7 @@ from pathlib import Path
 from stallfree.commands import bench as _bench
 from stallfree.commands import data as _data
 from stallfree.commands import export as _export
+from stallfree.data.readers.paths import check_paths
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.errors import RunDirError, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
@@ -23,7 +24,6 @@ from stallfree.recipe import (
     Recipe,
     RecipeError,
     apply_overrides,
-    check_paths,
     load_recipe,
     validate,
 )

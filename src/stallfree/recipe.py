@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stallfree.data.readers.store import check_store_root  # torch-free, boto3 lazily
 from stallfree.tables import RecipeError, at_least, set_field
 from stallfree.tomlwrite import dumps_toml
 
@@ -360,37 +359,6 @@ def validate(recipe: Recipe) -> None:
 
 # The fix for a folder root without val/, in both messages (here and the folder reader's).
 VAL_FIX = "; or set data.val_fraction (e.g. 0.05) to hold out that share of train/ for validation"
-
-
-def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
-    """The files and folders the recipe names exist: checked before torch is imported, so that
-    a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
-    data = recipe.data
-    if data.root.startswith("s3://"):  # before anything is written: one line naming the URL
-        check_store_root(data.root, data.format, data.endpoint_url)
-    elif data.root and "://" not in data.root:
-        root = Path(data.root)
-        if not root.is_dir():
-            hint = (
-                " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in data.root else ""
-            )
-            raise RecipeError(f"data.root {root} does not exist{hint}")
-        for split in ("train", "val") if data.format == "folder" else ():
-            if not (root / split).is_dir() and not (split == "val" and data.val_fraction):
-                fix = VAL_FIX if split == "val" else ""
-                raise RecipeError(
-                    f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>{fix}"
-                )
-    if data.file_list and not Path(data.file_list).is_file():
-        raise RecipeError(
-            f"data.file_list {data.file_list} does not exist; point it at a file "
-            "with one image path per line (relative to data.root), or unset it"
-        )
-    if weights and recipe.model.init_from and not Path(recipe.model.init_from).is_file():
-        raise RecipeError(
-            f"model.init_from = {recipe.model.init_from}: no such file; name a "
-            "checkpoint, a best.pt or a state dict of the same model"
-        )
 
 
 def _check_size_schedule(sizes: int | list[list[int]]) -> None:
