@@ -178,9 +178,11 @@ class ShardedLoader(Loader):
             self.plan.world_size,
         )
 
-    def epoch_order(self) -> tuple[np.ndarray, int]:
-        """(order, augmentation seed base) of the current epoch (see `sample_seeds`)."""
-        return epoch_permutation(self.plan.n, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle)
+    def epoch_order(self, epoch: int | None = None) -> tuple[np.ndarray, int]:
+        """(order, augmentation seed base) of `epoch`, by default the current one (see
+        `sample_seeds`)."""
+        epoch = self._epoch if epoch is None else epoch
+        return epoch_permutation(self.plan.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
 
     def remaining_ids(self) -> Iterator[np.ndarray]:
         """This rank's micro-batches of sample ids from the current position on."""

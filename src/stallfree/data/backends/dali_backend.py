@@ -36,7 +36,6 @@ from stallfree.data.readers.imageio import BadImageError, check_header
 from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
-from stallfree.data.sharding import epoch_permutation
 from stallfree.errors import StallfreeError, some_of
 from stallfree.log import NATIVE_STDERR
 from stallfree.parallel import cpu_workers
@@ -162,8 +161,7 @@ class DaliLoader(ShardedLoader):
         """(path, label) of each of this rank's batches of `epoch` from sample `start` on."""
         listing = self.spec.listing
         assert listing is not None
-        order = epoch_permutation(self.plan.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)[0]
-        for ids in map(self._listing_ids, self.plan.batches(order, start)):
+        for ids in map(self._listing_ids, self.plan.batches(self.epoch_order(epoch)[0], start)):
             yield list(zip(listing.paths(ids), listing.labels[ids].tolist()))
 
     def _read(self, item: tuple[str, int]) -> tuple[bytes, BadImageError | None]:
