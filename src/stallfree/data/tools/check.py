@@ -130,12 +130,12 @@ def _files(root: Where) -> list[Where]:
 def _objects(root: str) -> list[Where]:
     """Every object under ROOT/{train,val}/<class>/ of an s3:// root, in the order training
     lists them (data/readers/remote.py), non-images too (to be named)."""
-    from stallfree.data.readers.remote import class_objects
+    from stallfree.data.readers.remote import class_objects, class_prefixes
 
     found: list[Where] = []
-    for split in SPLITS:
+    for split, prefixes in class_prefixes(root).items():
         split_url = store.join(root, split)
-        classes = tuple(d for d in store.list_dirs(split_url) if not d.startswith("."))
+        classes = tuple(prefixes)
         if not classes:
             raise DatasetError(f"{split_url}/ has no class prefixes; expected {split_url}/<class>/<image>")
         names, _ = class_objects(split_url, classes)
