@@ -76,3 +76,20 @@ def test_one_client_per_process(bucket: str) -> None:
 def test_is_remote() -> None:
     assert store.is_remote("s3://b/p") and not store.is_remote("/data/s3://x")
     assert not store.is_remote(Path("s3:/b"))
+
+
+@pytest.mark.parametrize("read", [lambda url: store.read(url), lambda url: store.read_range(url, 0, 10)])
+def test_a_get_that_failed_for_good_is_not_made_again(monkeypatch: pytest.MonkeyPatch, read) -> None:
+    """A GET's failure comes after botocore's retries and the outage budget: asking again
+    would multiply the wait before a run that cannot go on stops (read_range once asked 3x)."""
+    calls: list[str] = []
+
+    def down(url: str, fn: str, **kwargs: object) -> dict:
+        calls.append(fn)
+        raise store.StoreUnavailableError(f"{url}: the store is down (still after 120 s)")
+
+    monkeypatch.setattr(store, "_call", down)
+    monkeypatch.setattr(store.fastget, "_enabled", [False])
+    with pytest.raises(store.StoreUnavailableError):
+        read("s3://bucket/key")
+    assert calls == ["get_object"]

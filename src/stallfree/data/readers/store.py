@@ -230,35 +230,28 @@ def _body(url: str, response: dict[str, Any]) -> bytes:
 
 def read(url: str, limit: int | None = None) -> bytes:
     """The object's bytes (at most `limit`)."""
+    return _get(url, (0, limit) if limit else None)
+
+
+def read_range(url: str, start: int, length: int) -> bytes:
+    """`length` bytes of the object from byte `start` (one ranged GET)."""
+    return _get(url, (start, start + length)) if length > 0 else b""
+
+
+def _get(url: str, span: tuple[int, int] | None) -> bytes:
+    """One GET of the object (`span`: bytes [start, end)): through obstore where a loader's
+    readers enabled it (a tenth of the CPU), else, and on anything unusual, through botocore."""
     bucket, key = split_url(url)
-    extra: dict[str, Any] = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
-    fast = fastget.get(client(), bucket, key, (0, limit) if limit else None)  # a tenth of the CPU
+    fast = fastget.get(client(), bucket, key, span)
     if fast is not None:
         return fast
+    extra: dict[str, Any] = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
         # A failed GET is final here: _call has already spent botocore's retries and the outage
         # budget (retrying it again would triple the wait before a run that cannot go on stops).
         response = _call(url, "get_object", Bucket=bucket, Key=key, **extra)
         try:
             return _body(url, response)
-        except StoreError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def read_range(url: str, start: int, length: int) -> bytes:
-    """`length` bytes of the object from byte `start` (one ranged GET)."""
-    if length <= 0:
-        return b""
-    bucket, key = split_url(url)
-    span = f"bytes={start}-{start + length - 1}"
-    fast = fastget.get(client(), bucket, key, (start, start + length))
-    if fast is not None:
-        return fast
-    for attempt in range(3):
-        try:
-            return _body(url, _call(url, "get_object", Bucket=bucket, Key=key, Range=span))
         except StoreError:
             if attempt == 2:
                 raise
