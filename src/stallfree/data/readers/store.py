@@ -295,20 +295,6 @@ def list_dirs(url: str) -> list[str]:
     return sorted(p["Prefix"][cut:].rstrip("/") for page in pages for p in page.get("CommonPrefixes", ()))
 
 
-def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
-    """Every object under the "folder" `url`: ([(name relative to it, size)], digest of the
-    names, sizes and ETags: what changes when an object is added, replaced or removed)."""
-    base = url.rstrip("/") + "/"
-    cut = len(split_url(base)[1])
-    out: list[tuple[str, int]] = []
-    digest = hashlib.sha256()
-    for page in _pages(base):
-        for obj in page.get("Contents", ()):
-            out.append((obj["Key"][cut:], int(obj["Size"])))
-            digest.update(f"{obj['Key']}\0{obj['Size']}\0{obj.get('ETag', '')}\n".encode())
-    return out, digest.hexdigest()
-
-
 def list_objects(url: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
     """{name relative to the "folder" `url`: (size, ETag)} of every object under it (`shallow`:
     right under it only): what tells one object's state from another's (an object replaced
@@ -320,6 +306,17 @@ def list_objects(url: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
         for page in _pages(base, **({"Delimiter": "/"} if shallow else {}))
         for obj in page.get("Contents", ())
     }
+
+
+def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
+    """Every object under the "folder" `url`: ([(name relative to it, size)], digest of the
+    keys, sizes and ETags: what changes when an object is added, replaced or removed)."""
+    objects = list_objects(url)
+    prefix = split_url(url.rstrip("/") + "/")[1]
+    digest = hashlib.sha256()
+    for name, (size, etag) in objects.items():  # listing order: a dict keeps it
+        digest.update(f"{prefix}{name}\0{size}\0{etag}\n".encode())
+    return [(name, size) for name, (size, _) in objects.items()], digest.hexdigest()
 
 
 def list_many(urls: list[str], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
