@@ -56,6 +56,21 @@ def local_weights(image_root: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return _final_weights(run)
 
 
+def _wait_until_it_serves_reads(server: Server, timeout: float = 60) -> None:
+    """After a restart SeaweedFS lists before its volumes serve reads (a GET then answers 500
+    InternalError for a while): wait for a GET to work, so the resume starts on a whole store."""
+    client, deadline = server.client(), time.monotonic() + timeout
+    key = client.list_objects_v2(Bucket="faults", MaxKeys=1)["Contents"][0]["Key"]
+    while True:
+        try:
+            client.get_object(Bucket="faults", Key=key)["Body"].read()
+            return
+        except client.exceptions.ClientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def _assert_equal(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name]), name
@@ -107,10 +122,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     state = load_checkpoint(Path(marker["checkpoint"]))
     assert state["counters"]["optimizer_steps"] == _train_records(run)[-1]["step"]
     server.start()
-    client = server.client()  # the store answers reads again (its volumes too), not just lists
-    client.get_object(
-        Bucket="faults", Key=client.list_objects_v2(Bucket="faults", MaxKeys=1)["Contents"][0]["Key"]
-    )
+    _wait_until_it_serves_reads(server)
     store._count({"ResponseMetadata": {"RetryAttempts": 5}})  # noqa: SLF001 - this process's earlier work
     assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
     _assert_equal(_final_weights(run), local_weights)
