@@ -8,8 +8,8 @@ DALI's decoder (issue 24 found two) is caught in the worker process and named.
 The images are Pillow's, under Pillow's licence (MIT-CMU, also known as HPND:
 https://github.com/python-pillow/Pillow/blob/main/LICENSE). They are not vendored: the sdist is
 fetched once from the package index into data/pillow-corpus/ (ignored by git) and reused;
-without network the test is skipped, except under CI (env CI set), where it fails. Files that sdist lacks, and the
-crafted ones, come from tests/data/pillow (with the licence) and tests/helpers.py.
+without network the test is skipped, except under CI (env CI set), where it fails. Files that
+sdist lacks, and the crafted ones, come from tests/data/pillow (with the licence) and tests/helpers.py.
 """
 
 from __future__ import annotations
