@@ -58,10 +58,18 @@ def test_without_tomli_w_doctor_warns_and_training_still_writes_its_recipe(
     image_root: Path, tmp_path: Path
 ) -> None:
     env = _blocked(tmp_path, "tomli_w")
-    assert "WARN  tomli-w" in _stallfree(env, "doctor").stdout
+    # doctor runs beside the training (each with its own cache): two processes, one wait.
+    doctor = subprocess.Popen(
+        [sys.executable, "-m", "stallfree", "doctor"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**env, "STALLFREE_CACHE": str(tmp_path / "doctor-cache")},
+    )
     recipe = tmp_path / "r.toml"
     recipe.write_text(dump_toml(small_recipe(image_root, train={"batch_size": 8})))
     done = _stallfree(env, "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress")
+    assert "WARN  tomli-w" in doctor.communicate(timeout=300)[0]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[train]" in (tmp_path / "run" / "recipe.toml").read_text()
 
