@@ -61,7 +61,7 @@ def _wait_for(job: str, timeout_s: float) -> dict[str, str]:
             "OUT_OF_MEMORY",
         ):
             return state
-        time.sleep(1)
+        time.sleep(0.2)
     subprocess.run(["scancel", job], check=False)
     raise AssertionError(f"job {job} did not end in {timeout_s} s: {_job_state(job)}")
 
@@ -153,21 +153,19 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     while time.time() < deadline and "requeued Slurm job" not in (log.read_text() if log.exists() else ""):
         if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     (tmp_path / "fast").touch()
     subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False, capture_output=True)
     # A requeued job waits for BeginTime = now + cred_expire + 1 (11 s here, see .ci/slurm-up);
-    # that delay is Slurm's, not stallfree's, so the test moves it to 2 s once the job pends.
+    # that delay is Slurm's, not stallfree's, so the test moves it to now once the job pends.
     pending_by = time.time() + 60
     while time.time() < pending_by and _job_state(job).get("JobState") not in (
         "PENDING",
         "COMPLETED",
         "FAILED",
     ):
-        time.sleep(0.5)
-    subprocess.run(
-        ["scontrol", "update", f"jobid={job}", "StartTime=now+2"], check=False, capture_output=True
-    )
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False, capture_output=True)
     state = _wait_for(job, timeout_s=420)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     text = log.read_text()
