@@ -89,6 +89,8 @@ class Server:
             # Its Iceberg and Lance catalogs listen on fixed ports (8181, 9101) by default: a
             # second server (another pytest-xdist worker) would die on them. Off: 0.
             "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # A restarted master waits its raft election timeout (10 s) to lead again: 1 s.
+            "-master.electionTimeout=1s",
         ]  # fmt: skip
         log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the child holds it)
         # Its own session, no inherited fds: a $(...) caller would otherwise wait on our pipes.
@@ -104,7 +106,7 @@ class Server:
                 self.client().list_buckets()
                 return
             except Exception:  # noqa: BLE001 (not up yet)
-                time.sleep(0.3)
+                time.sleep(0.05)
         raise RuntimeError(f"weed did not answer on {self.endpoint} in {timeout} s")
 
     def _identities(self) -> Path:

@@ -109,7 +109,7 @@ def test_a_store_that_stays_down_ends_both_ranks(
     server = Server(need_weed(), tmp_path / "weed")
     server.start()
     try:
-        for key, value in {**server.env(), store.OUTAGE_ENV: "3", store.ATTEMPTS_ENV: "2"}.items():
+        for key, value in {**server.env(), store.OUTAGE_ENV: "2", store.ATTEMPTS_ENV: "2"}.items():
             monkeypatch.setenv(key, value)
         url = upload_tree(server.client(), image_root, "down", "data")
         run = tmp_path / "run"
@@ -121,5 +121,5 @@ def test_a_store_that_stays_down_ends_both_ranks(
         server.kill()
     assert code != 0
     errors = [line for line in err.splitlines() if "stallfree: " in line and " error: " in line]
-    assert errors and all(f"{url}/" in line and "(still after 3 s)" in line for line in errors), err[-3000:]
+    assert errors and all(f"{url}/" in line and "(still after 2 s)" in line for line in errors), err[-3000:]
     assert all("--resume auto continues from the last saved one" in line for line in errors)
