@@ -157,7 +157,8 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     (tmp_path / "fast").touch()
     subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False, capture_output=True)
     # A requeued job waits for BeginTime = now + cred_expire + 1 (11 s here, see .ci/slurm-up);
-    # that delay is Slurm's, not stallfree's, so the test moves it to now once the job pends.
+    # that delay is Slurm's, not stallfree's, so the test moves it to 2 s once the job pends.
+    # Not to now: a restart in the requeue's second is killed ("Job credential revoked").
     pending_by = time.time() + 60
     while time.time() < pending_by and _job_state(job).get("JobState") not in (
         "PENDING",
@@ -165,7 +166,9 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         "FAILED",
     ):
         time.sleep(0.1)
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False, capture_output=True)
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job}", "StartTime=now+2"], check=False, capture_output=True
+    )
     state = _wait_for(job, timeout_s=420)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     text = log.read_text()
