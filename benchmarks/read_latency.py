@@ -69,7 +69,7 @@ def _timed(feed: Any) -> Any:
 
 
 def measure(
-    data: Path, backend: str, workers: int, batch: int, batches: int, io_depth: int = 16
+    data: Path, backend: str, workers: int, batch: int, batches: int, io_depth: int = 16, size: int = 96
 ) -> dict[str, Any]:
     """One `measure_loader` run: images/s (and DALI's time in its source, where it reports it)."""
     from stallfree.bench.run import measure_loader
@@ -78,7 +78,7 @@ def measure(
     recipe = recipe_from_dict(
         {
             "data": {"root": str(data)},
-            "augment": {"image_size": 96, "resize_size": 110},
+            "augment": {"image_size": size, "resize_size": round(size * 8 / 7)},
             "model": {"name": "small_cnn"},
             "train": {"batch_size": batch, "precision": "fp32", "device": "cpu"},
             "loader": {

@@ -42,7 +42,9 @@ def child(args: argparse.Namespace) -> None:
     from read_latency import SOURCE_CALLS, install_delay, measure
 
     install_delay(0)  # only to time DALI's source calls from outside, as read_latency does
-    result = measure(args.root, args.backend, args.workers, args.batch, args.batches, args.io_depth)
+    result = measure(
+        args.root, args.backend, args.workers, args.batch, args.batches, args.io_depth, args.image_size
+    )
     if SOURCE_CALLS:
         result["source_ms_per_call"] = 1000 * sum(SOURCE_CALLS) / len(SOURCE_CALLS)
     print(json.dumps(result))
@@ -61,7 +63,7 @@ def cpu_seconds(pids: list[int]) -> float:
 def run_one(args: argparse.Namespace, root: str, backend: str, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--root", root, "--backend", backend]
     cmd += ["--workers", str(args.workers), "--batch", str(args.batch), "--batches", str(args.batches)]
-    cmd += ["--io-depth", str(args.io_depth)]
+    cmd += ["--io-depth", str(args.io_depth), "--image-size", str(args.image_size)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{backend} on {root} failed:\n{done.stderr[-3000:]}")
@@ -100,6 +102,7 @@ def main() -> None:
     parser.add_argument("--photo-like", action="store_true", help="~100 KB photo-like JPEGs")
     parser.add_argument("--workers", type=int, default=2, help="torch workers, DALI threads")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=96, help="crop side (224 as ImageNet)")
     parser.add_argument("--io-depth", type=int, default=16, help="loader.io_depth")
     parser.add_argument("--batches", type=int, default=12, help="timed batches, after 2 warm-up")
     parser.add_argument("--rounds", type=int, default=2)
