@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from stallfree.data.backends.torch_backend import TorchLoader
 from stallfree.data.loader import Batch, Loader, LoaderSpec
 
-SECONDS = 0.06
+SECONDS = 0.4  # long sleeps over few epochs: the full-speed rest after the signal is short
 
 
 class SlowLoader(TorchLoader):

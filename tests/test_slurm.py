@@ -117,12 +117,9 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     # lands 5-35 s after the start: slurmctld checks every 30 s). Once the job is requeued, the
     # file `fast` lets the rest of the run go at full speed; the reference never sleeps. Long
     # sleeps over few epochs keep that full-speed rest (and the reference) short.
-    (tmp_path / "slower_loader.py").write_text(
-        "import slow_loader\nfrom slow_loader import build  # noqa: F401\n\nslow_loader.SECONDS = 0.4\n"
-    )
     recipe = small_recipe(
         image_root,
-        loader={"backend": "slower_loader:build"},
+        loader={"backend": "slow_loader:build"},
         train={"epochs": 15, "batch_size": 4, "log_every": 50, "keep_checkpoints": 2},
     )
     path = tmp_path / "r.toml"
@@ -134,7 +131,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         "PYTHON": sys.executable,
         "STALLFREE_ARGS": "",
         "STALLFREE_SLOW_LOADER_UNTIL": str(tmp_path / "fast"),
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
     log = tmp_path / "slurm.log"
     job = _submit(SMALL, env, "--job-name=stallfree-test", "--time=1", "--signal=USR1@55", f"--output={log}")
