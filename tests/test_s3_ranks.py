@@ -16,6 +16,7 @@ import torch
 from helpers import small_recipe, torchrun_train
 from s3_server import Server, need_weed, upload_tree
 
+from stallfree.cli import main
 from stallfree.data.readers import store
 from stallfree.recipe import Recipe, dump_toml
 from stallfree.train.checkpoint import load_checkpoint
@@ -23,11 +24,12 @@ from stallfree.train.checkpoint import load_checkpoint
 pytestmark = pytest.mark.slow
 
 
-def _recipe(root: str | Path) -> Recipe:
+def _recipe(root: str | Path, backend: str = "torch", fmt: str = "folder") -> Recipe:
     # 60 images, 4 a rank: 7 steps an epoch; one record a step.
     return small_recipe(
         root,
-        loader={"backend": "torch", "torch": {"workers": 1}},
+        data={"format": fmt},
+        loader={"backend": backend, "torch": {"workers": 1}, "dali": {"threads": 1}},
         train={"epochs": 2, "batch_size": 4},
         optim={"name": "sgd", "lr": 0.05},
     )
@@ -73,27 +75,35 @@ def _train_records(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def local_run(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks, uninterrupted, from the local copy."""
-    run = tmp_path_factory.mktemp("ranks") / "local"
-    code, err = _finish(_launch(_recipe(image_root), run))
-    assert code == 0, err[-3000:]
-    return run
+def packed(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ranks-packed")
+    assert main(["data", "pack", str(image_root), str(out), "--shard-size", "200KB", "--no-progress"]) == 0
+    return out
 
 
+# torch on folders, DALI on stallfree's shards (ranged reads by the index): each layout and
+# each loader through torchrun, a SIGTERM and `--resume auto` at least once.
+CASES = [("torch", "folder"), pytest.param("dali", "tar", marks=pytest.mark.dali)]
+
+
+@pytest.mark.parametrize(("backend", "fmt"), CASES)
 def test_two_ranks_from_the_store_through_a_sigterm_are_two_ranks_from_a_local_copy(
-    s3_server, local_run: Path, image_root: Path, tmp_path: Path
+    s3_server, image_root: Path, packed: Path, tmp_path: Path, backend: str, fmt: str
 ) -> None:
-    url = upload_tree(s3_server.client(), image_root, "ranks", "data")
+    local = image_root if fmt == "folder" else packed
+    local_run = tmp_path / "local"
+    code, err = _finish(_launch(_recipe(local, backend, fmt), local_run))
+    assert code == 0, err[-3000:]
+    url = upload_tree(s3_server.client(), local, "ranks", fmt)
     run = tmp_path / "s3"
-    proc = _launch(_recipe(url), run)
+    proc = _launch(_recipe(url, backend, fmt), run)
     _wait_for_records(proc, run, records=1)
     os.killpg(proc.pid, signal.SIGTERM)
     code, err = _finish(proc)
     assert code != 0, err[-3000:]  # torchrun reports a failure: preempted.json says what it was
     stopped = load_checkpoint(Path(json.loads((run / "preempted.json").read_text())["checkpoint"]))
     assert stopped["world_size"] == 2 and 0 < stopped["counters"]["optimizer_steps"] < 7  # mid-epoch 0
-    code, err = _finish(_launch(_recipe(url), run, "--resume", "auto"))
+    code, err = _finish(_launch(_recipe(url, backend, fmt), run, "--resume", "auto"))
     assert code == 0, err[-3000:]
     expected = _final_weights(local_run)
     for name, tensor in _final_weights(run).items():
