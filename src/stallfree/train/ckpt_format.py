@@ -17,6 +17,8 @@ Formats:
      class_names. A 0.2 DALI state came from a file-reader pipeline (its loader state has
      "dali_list_start").
   2  stamped with "format"; every key above present.
+  3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
+     on other data is refused); {} in older files: nothing to compare.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from stallfree.errors import StallfreeError
 from stallfree.version import __version__
 
-FORMAT = 2
+FORMAT = 3
 
 
 class CheckpointFormatError(StallfreeError, ValueError):
@@ -93,4 +95,10 @@ def _to_2(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2}
+def _to_3(state: dict[str, Any]) -> dict[str, Any]:
+    if "counters" in state:  # a best.pt has no resume point to check
+        state.setdefault("data", {})  # not recorded: a resume compares nothing
+    return state
+
+
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3}

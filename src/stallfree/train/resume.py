@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from stallfree.data.loader import Loader
+from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
+from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
 from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state, set_rng_state
 from stallfree.train.ckpt_format import FORMAT, resumable
@@ -46,12 +48,14 @@ def training_state(
     metrics_records: int,
     num_classes: int = 0,
     class_names: list[str] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
     Loader state (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
     every rank's are gathered; model, optimizer and schedule are the same on all ranks.
     `metrics_records` is how many lines metrics.jsonl held: a resume cuts it back to them.
+    `data` is `data_record` of the run's dataset (what `check_same_data` compares).
     """
     per_rank = gather_objects({"loader": loader_state, "rng": rng_state(device)}, world_size)
     return {
@@ -63,9 +67,53 @@ def training_state(
         "num_classes": num_classes,  # what the model was built with (stallfree export reads it)
         "class_names": list(class_names or []),  # label order; predict and export.json read it
         "world_size": world_size,
+        "data": dict(data or {}),
         "stallfree_version": __version__,
         "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
     }
+
+
+def data_record(dataset: Dataset | None) -> dict[str, Any]:
+    """What a run trains on, as its checkpoints record it: train's sample count and a digest of
+    its files (relative to the root, so a local copy and the store agree) and labels. {} for
+    a run without a dataset (the synthetic backends)."""
+    if dataset is None or "train" not in dataset.splits:
+        return {}
+    listing = dataset.splits["train"]
+    return {"train_samples": len(listing), "train_digest": listing.digest(with_prefix=False)}
+
+
+def check_same_data(state: dict[str, Any], dataset: Dataset | None, path: Path, force: bool = False) -> None:
+    """Refuse a mid-epoch resume on other data than the checkpoint's.
+
+    Positions are samples of a permutation of the listing: with one file more or less, or a
+    label changed, the rest of the epoch is dealt from another order, training some samples
+    twice and others never, silently. At an epoch's start nothing of the epoch was read, so
+    the new data is only said; `force` goes on mid-epoch too, saying what it costs.
+    """
+    saved, now = state.get("data") or {}, data_record(dataset)
+    if not saved or not now or saved == now or dataset is None:
+        return  # a checkpoint from before this record, or no listing at all
+    position = int(state["ranks"][0]["loader"]["position"])
+    where = dataset.splits["train"].prefix.rstrip("/")
+    change = f"{saved['train_samples']} samples at the checkpoint, {now['train_samples']} now" + (
+        ", other files or labels" if saved["train_samples"] == now["train_samples"] else ""
+    )
+    epoch = int(state["epoch"])
+    if position == 0:
+        LOGGER.warning(f"{where} changed since {path.name} ({change}): epoch {epoch} reads it as it is now")
+    elif force:
+        LOGGER.warning(
+            f"{where} changed since {path.name} ({change}); --force: the rest of epoch {epoch} "
+            "is dealt from the new listing, so some samples may be trained twice or missed"
+        )
+    else:
+        raise ResumeError(
+            f"cannot resume from {path} mid-epoch {epoch}: {where} changed since it was saved "
+            f"({change}), so the rest of the epoch would train some samples twice and others "
+            "never; restore the data as it was, resume from an epoch-end checkpoint, or pass "
+            "--force to go on anyway"
+        )
 
 
 def best_state(

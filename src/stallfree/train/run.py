@@ -39,6 +39,8 @@ from stallfree.train.resume import (
     StopSignal,
     best_state,
     check_compatible,
+    check_same_data,
+    data_record,
     find_resume,
     restore,
     training_state,
@@ -138,6 +140,8 @@ def train(
         found.state["recipe"] if found else None
     )
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
+    if found is not None:
+        check_same_data(found.state, ctx.dataset, found.path, force)
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     loaders: dict[str, Loader] = {}
@@ -294,6 +298,7 @@ def _run(
     train_loader = loaders["train"]
 
     mark = StepMark(train_loader)  # the last step's loader position (an outage gives back the rest)
+    data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
 
     def save(stop: PreemptedError | None = None) -> None:
         state = training_state(
@@ -305,6 +310,7 @@ def _run(
             trainer.sinks.records,
             ctx.num_classes,
             ctx.class_names,
+            data,
         )
         state["segments"] = clock.state_dict()
         checkpointer.save(state, trainer.optimizer_steps)

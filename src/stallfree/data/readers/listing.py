@@ -60,9 +60,10 @@ class Listing:
         """Every path as a list: for tools and tests on small data; loaders use `path(i)`."""
         return list(self.iter_paths())
 
-    def digest(self) -> str:
-        """A hash of the samples and labels: equal listings, equal digests."""
-        h = hashlib.sha256(self.prefix.encode(errors="surrogateescape"))
+    def digest(self, *, with_prefix: bool = True) -> str:
+        """A hash of the samples and labels: equal listings, equal digests. Without the prefix,
+        the same files and labels anywhere (a local copy, the store) hash alike."""
+        h = hashlib.sha256(self.prefix.encode(errors="surrogateescape") if with_prefix else b"")
         for part in (
             self.tails,
             self.ends.astype(np.int64).tobytes(),

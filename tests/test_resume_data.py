@@ -1,0 +1,86 @@
+"""A resume on data that changed since the checkpoint: positions are samples of a permutation of
+the listing, so mid-epoch a listing with one file more or less re-deals the rest of the epoch
+(some samples trained twice, others never) without any error. The checkpoint records what it
+was trained on, and a mid-epoch resume on anything else is refused unless forced."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import small_recipe
+
+from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.resume import ResumeError, StopSignal
+from stallfree.train.trainer import PreemptedError
+
+
+class StopAfterTwoSteps(StopSignal):
+    """SIGTERM as the trainer sees it after its second optimizer step (mid-epoch here)."""
+
+    checks = 0
+
+    @property
+    def requested(self) -> str | None:
+        type(self).checks += 1
+        return "SIGTERM" if type(self).checks >= 2 else None
+
+    @requested.setter
+    def requested(self, value: str | None) -> None:
+        pass
+
+
+@pytest.fixture
+def stopped(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """(a copy of the data, a run stopped mid-epoch 0 on it)."""
+    import stallfree.train.run as run_module
+    from stallfree.train.run import train
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(image_root, data)
+    StopAfterTwoSteps.checks = 0
+    monkeypatch.setattr(run_module, "StopSignal", StopAfterTwoSteps)
+    with pytest.raises(PreemptedError):
+        train(_recipe(data), run, progress=False)
+    monkeypatch.undo()
+    saved = load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])
+    assert saved["ranks"][0]["loader"]["position"] > 0  # mid-epoch
+    return data, run
+
+
+def _recipe(data: Path):
+    return small_recipe(data, train={"epochs": 2, "batch_size": 8}, optim={"warmup_steps": 0})
+
+
+def test_a_mid_epoch_resume_on_changed_data_is_refused(stopped: tuple[Path, Path]) -> None:
+    from stallfree.train.run import train
+
+    data, run = stopped
+    removed = sorted((data / "train").rglob("*.jpg"))[7]
+    moved = removed.rename(data / removed.name)
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ResumeError) as err:
+        train(_recipe(data), run, progress=False, resume="auto")
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"{data}/train" in message and "60 samples" in message and "59 now" in message, message
+    assert "--force" in message and "restore" in message, message
+    assert (run / "metrics.jsonl").read_text() == before  # refused before anything was written
+    # The same files again (moved back): the same listing, so the resume goes on.
+    moved.rename(removed)
+    assert train(_recipe(data), run, progress=False, resume="auto")["optimizer_steps"] == 14
+
+
+def test_a_changed_file_of_the_same_name_is_not_the_same_data(stopped: tuple[Path, Path]) -> None:
+    """A relabelled sample (a file moved to another class) keeps the count: the labels differ."""
+    from stallfree.train.run import train
+
+    data, run = stopped
+    first, second = sorted(p for p in (data / "train").iterdir() if p.is_dir())[:2]
+    one = sorted(first.glob("*.jpg"))[0]
+    one.rename(second / one.name)
+    with pytest.raises(ResumeError, match="60 samples at the checkpoint, 60 now, other files or labels"):
+        train(_recipe(data), run, progress=False, resume="auto")
+    # Forced: the user says the change is meant; the run goes on over the new listing.
+    assert train(_recipe(data), run, progress=False, resume="auto", force=True)["optimizer_steps"] == 14
