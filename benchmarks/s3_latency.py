@@ -8,6 +8,8 @@ files, each in a fresh process, the configurations interleaved, `--rounds` times
 `--out` writes the rows. "CPU ms/img": the CPU time of the loader's process tree per image (not
 the proxy's or the store's), which a busy machine shifts less than images/s; "store cores": the
 CPU the store and the proxies took meanwhile, on the same cores (a real store's is elsewhere).
+`--store-cores K` models that: the store and the proxies are pinned to the last K cores and every
+loader run, local or not, to the others, so each loader has the same CPU wherever its data is.
 
     PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --out s3_latency.json
 """
@@ -60,11 +62,36 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def split_cores(store_cores: int) -> tuple[set[int], set[int]]:
+    """(the loader's cores, the store's): the last `store_cores` of this process's cores go to
+    the store; (all, all) for 0, the cores shared."""
+    cores = sorted(os.sched_getaffinity(0))
+    if store_cores <= 0:
+        return set(cores), set(cores)
+    if store_cores >= len(cores):
+        raise SystemExit(f"--store-cores {store_cores} leaves no core of {len(cores)} to the loader")
+    return set(cores[:-store_cores]), set(cores[-store_cores:])
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of `pid` (a Go server has many) onto `cores`; threads made later inherit it."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 def run_one(args: argparse.Namespace, root: str, backend: str, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--root", root, "--backend", backend]
     cmd += ["--workers", str(args.workers), "--batch", str(args.batch), "--batches", str(args.batches)]
     cmd += ["--io-depth", str(args.io_depth), "--image-size", str(args.image_size)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    cores = split_cores(args.store_cores)[0]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        preexec_fn=lambda: os.sched_setaffinity(0, cores),  # its workers and threads inherit it
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{backend} on {root} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -103,9 +130,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="torch workers, DALI threads")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=96, help="crop side (224 as ImageNet)")
-    parser.add_argument("--io-depth", type=int, default=16, help="loader.io_depth")
+    parser.add_argument("--io-depth", default="auto", help='loader.io_depth ("auto": 64 from s3, 16 local)')
     parser.add_argument("--batches", type=int, default=12, help="timed batches, after 2 warm-up")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--store-cores",
+        type=int,
+        default=0,
+        help="pin the store and proxies to the last K cores, loaders to the rest",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", default="", help=argparse.SUPPRESS)
@@ -139,7 +172,11 @@ def main() -> None:
                 proc, endpoint = start_proxy(server.endpoint, delay)
                 proxies.append(proc)
                 roots[delay] = (url, {**os.environ, **server.env(), "AWS_ENDPOINT_URL": endpoint})
-            rows = measure_all(args, roots, [server.proc.pid, *(p.pid for p in proxies)])
+            store = [server.proc.pid, *(p.pid for p in proxies)]
+            if args.store_cores:
+                for pid in store:
+                    pin(pid, split_cores(args.store_cores)[1])
+            rows = measure_all(args, roots, store)
         finally:
             for proc in proxies:
                 proc.kill()
@@ -148,6 +185,8 @@ def main() -> None:
     print(table(rows, args.batches))
     with open("/proc/loadavg") as f:
         print(f"load average: {' '.join(f.read().split()[:3])}; cores: {os.cpu_count()}")
+    loader, store = split_cores(args.store_cores)
+    print(f"loader cores: {sorted(loader)}; store and proxy cores: {sorted(store)}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
