@@ -69,7 +69,13 @@ def _timed(feed: Any) -> Any:
 
 
 def measure(
-    data: Path, backend: str, workers: int, batch: int, batches: int, io_depth: int = 16, size: int = 96
+    data: Path,
+    backend: str,
+    workers: int,
+    batch: int,
+    batches: int,
+    io_depth: int | str = "auto",
+    size: int = 96,
 ) -> dict[str, Any]:
     """One `measure_loader` run: images/s (and DALI's time in its source, where it reports it)."""
     from stallfree.bench.run import measure_loader
@@ -83,7 +89,7 @@ def measure(
             "train": {"batch_size": batch, "precision": "fp32", "device": "cpu"},
             "loader": {
                 "backend": backend,
-                "io_depth": io_depth,
+                "io_depth": int(io_depth) if str(io_depth).isdigit() else io_depth,
                 "torch": {"workers": workers},
                 "dali": {"threads": workers},
             },

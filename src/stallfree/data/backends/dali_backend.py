@@ -33,7 +33,7 @@ from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header
-from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, submit
+from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, reads_in_flight, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
 from stallfree.errors import StallfreeError, some_of
@@ -84,7 +84,7 @@ class DaliLoader(ShardedLoader):
         self._routing = False  # fd 2 routed (NATIVE_STDERR) until close()
         # DALI calls the source on the training thread: the files are read (and their headers
         # checked) by this pool, loader.io_depth at a time, the next batches ahead.
-        self._readers = ReaderPool(spec.loader.io_depth)
+        self._readers = ReaderPool(reads_in_flight(spec.loader.io_depth, spec.listing.prefix))
         # The next epoch's first reads, submitted as this one ends (its reset would else wait
         # a whole batch's latency, each epoch); used only if that epoch is the next one.
         self._carried = Carried()

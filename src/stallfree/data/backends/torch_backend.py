@@ -25,7 +25,7 @@ from stallfree.data.backends.prefetch import DevicePrefetcher, NormalisingCollat
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError
-from stallfree.data.readers.inflight import ReaderPool
+from stallfree.data.readers.inflight import ReaderPool, reads_in_flight
 from stallfree.data.readers.listing import Listing
 from stallfree.data.readers.store import StoreError
 from stallfree.data.registry import BackendError
@@ -222,7 +222,13 @@ class TorchLoader(ShardedLoader):
         assert to_device is not None and empty is not None
         self.empty = empty  # what a micro-batch of only bad files becomes (skip)
         self.dataloader = DataLoader(
-            ImageDataset(spec.listing, transform, spec.augment, spec.max_pixels, spec.loader.io_depth),
+            ImageDataset(
+                spec.listing,
+                transform,
+                spec.augment,
+                spec.max_pixels,
+                reads_in_flight(spec.loader.io_depth, spec.listing.prefix),
+            ),
             batch_sampler=_LoaderSampler(self),
             num_workers=workers,
             collate_fn=_Checked(collate, self.skip),
