@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,7 +108,8 @@ def table(rows: list[dict[str, Any]], batches: int) -> str:
     keys = list(dict.fromkeys((r["delay"], r["backend"]) for r in rows))
     for delay, backend in keys:
         mine = [r for r in rows if (r["delay"], r["backend"]) == (delay, backend)]
-        ratio = ", ".join(f"{r['images_per_s'] / local[(backend, r['round'])]:.2f}" for r in mine)
+        ratios = [r["images_per_s"] / local[(backend, r["round"])] for r in mine]
+        ratio = ", ".join(f"{x:.2f}" for x in ratios) + f" (median {statistics.median(ratios):.2f})"
         source = ", ".join(
             f"{r['dali_source_ms_per_batch']:.1f}" for r in mine if "dali_source_ms_per_batch" in r
         )
