@@ -68,3 +68,34 @@ def test_an_outage_after_an_epoch_s_last_step_resumes_at_the_next_epoch() -> Non
     loader.set_epoch(1)  # as fit() does before validating
     state = mark.loader_state(StoreOutage("s3://b/val/x.jpg: down (still after 3 s)"))
     assert (state["epoch"], state["position"]) == (1, 0)
+
+
+class _Streaming(TensorLoader):
+    """A loader with a random state that moves with every batch fetched, as DALI's does."""
+
+    fetched = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in super().__iter__():
+            self.fetched += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "stream": self.fetched}
+
+
+def test_a_snapshot_keeps_the_random_state_of_the_last_step() -> None:
+    """From a store the run keeps the loader's whole state at each step: the one saved after an
+    outage is the last step's, random state included, not one past the window's fetches."""
+    g = torch.Generator().manual_seed(1)
+    loader = _Streaming(torch.randn(24, 3, 8, 8, generator=g), torch.randint(0, 5, (24,), generator=g), 4)
+    trainer = _trainer()
+    mark = StepMark(loader, snapshot=True)
+    assert mark.state == {**loader.state_dict(), "stream": 0}  # before any step: the start
+    hooks = TrainerHooks(on_step=lambda _: mark.step())
+    with pytest.raises(StoreOutage) as stop:
+        with outage_as_stop():
+            trainer.train_batches(_failing(loader, at=3), len(loader), hooks=hooks)
+    assert loader.fetched == 3
+    state = mark.loader_state(stop.value)
+    assert (state["position"], state["stream"]) == (8, 2)  # the one step's two micro-batches

@@ -35,10 +35,10 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     own.kill()
 
 
-def _recipe(root: str | Path):
+def _recipe(root: str | Path, backend: str = "torch"):
     return small_recipe(
         root,
-        loader={"backend": "torch", "torch": {"workers": 1}},
+        loader={"backend": backend, "torch": {"workers": 1}, "dali": {"threads": 1}},
         train={"epochs": 2, "batch_size": 4},
         optim={"name": "sgd", "lr": 0.05},
     )
@@ -49,11 +49,23 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def local_weights(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The uninterrupted run from a local copy of the same objects (both tests compare to it)."""
-    run = tmp_path_factory.mktemp("local") / "run"
-    train(_recipe(image_root), run, progress=False)
-    return _final_weights(run)
+def local_runs(image_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The uninterrupted run from a local copy of the same objects, per loader (made once)."""
+    made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def weights(backend: str) -> dict[str, torch.Tensor]:
+        if backend not in made:
+            run = tmp_path_factory.mktemp(f"local-{backend}") / "run"
+            train(_recipe(image_root, backend), run, progress=False)
+            made[backend] = _final_weights(run)
+        return made[backend]
+
+    return weights
+
+
+@pytest.fixture(scope="module")
+def local_weights(local_runs) -> dict[str, torch.Tensor]:
+    return local_runs("torch")
 
 
 def _wait_until_it_serves_reads(server: Server, timeout: float = 60) -> None:
@@ -100,17 +112,21 @@ def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
     assert retries[0] == 0 and retries[-1] > 0 and retries == sorted(retries), retries
 
 
+# DALI too: its random state must be the last step's, not one past the batches it had read
+# ahead when the store went (a new user's resume after such a stop differed from step 66 on).
+@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     server: Server,
-    local_weights: dict[str, torch.Tensor],
+    local_runs,
     image_root: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    backend: str,
 ) -> None:
     monkeypatch.setenv(store.OUTAGE_ENV, "2")
     monkeypatch.setenv(store.ATTEMPTS_ENV, "2")  # botocore's own retries: the outage budget is what is tested
     url = upload_tree(server.client(), image_root, "faults", "data")
-    proc, cmd, run = train_until_logged(_recipe(url), tmp_path, records=2)
+    proc, cmd, run = train_until_logged(_recipe(url, backend), tmp_path, records=2)
     server.kill()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
@@ -126,6 +142,6 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     _wait_until_it_serves_reads(server)
     store._count({"ResponseMetadata": {"RetryAttempts": 5}})  # noqa: SLF001 - this process's earlier work
     assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
-    _assert_equal(_final_weights(run), local_weights)
+    _assert_equal(_final_weights(run), local_runs(backend))
     # The resumed segment's own count: a clean run (not the retries this process made before).
     assert _train_records(run)[-1]["store_retries"] == 0

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from stallfree.data.loader import Loader
+from stallfree.data.readers import store
 from stallfree.data.readers.folders import held_out_record
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
@@ -297,7 +298,8 @@ def _run(
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
-    mark = StepMark(train_loader)  # the last step's loader position (an outage gives back the rest)
+    # The last step's loader state (an outage gives back the rest); from a store, kept whole.
+    mark = StepMark(train_loader, snapshot=store.is_remote(recipe.data.root))
     data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
 
     def save(stop: PreemptedError | None = None) -> None:
