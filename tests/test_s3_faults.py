@@ -145,3 +145,53 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     _assert_equal(_final_weights(run), local_runs(backend))
     # The resumed segment's own count: a clean run (not the retries this process made before).
     assert _train_records(run)[-1]["store_retries"] == 0
+
+
+def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_root: Path) -> None:
+    """A frozen store (SIGSTOP: connections accepted, never answered) must end a loader's read
+    within the outage budget, as a store that refuses connections does. It waited 30 s in
+    obstore, then botocore's 5 attempts of 30 s each, twice: a new user's run sat silent for
+    minutes with STALLFREE_S3_OUTAGE_S=10."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    upload_tree(server.client(), image_root, "faults", "data")
+    key = server.client().list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
+    # As a loader's reader thread reads: obstore first (enabled), then botocore.
+    reader = (
+        "import sys\n"
+        "from stallfree.data.readers import fastget, store\n"
+        "fastget.enable()\n"
+        "store.read(sys.argv[1])  # the connection is up: the store answers once\n"
+        "print('frozen', flush=True); sys.stdin.readline()\n"
+        "store.read(sys.argv[1])\n"
+    )
+    env = {**os.environ, store.OUTAGE_ENV: "3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", reader, f"s3://faults/{key}"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "frozen", proc.communicate()[1][-3000:]
+    assert server.proc is not None
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+    try:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        started = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("a read from a frozen store still waiting after 60 s") from None
+        waited = time.monotonic() - started
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    assert proc.returncode != 0
+    assert "StoreUnavailableError" in err and f"s3://faults/{key}" in err and "(still after 3 s)" in err, err[
+        -2000:
+    ]
+    assert "not answering" in err, err[-2000:]  # said once when it starts, not only at the end
+    assert waited < 30, waited

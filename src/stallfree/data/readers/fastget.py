@@ -95,7 +95,7 @@ def _make(client: Any) -> Any:
     return {}
 
 
-def _store(client: Any, stores: dict[str, Any], bucket: str) -> Any:
+def _store(client: Any, stores: dict[str, Any], bucket: str, timeout: float) -> Any:
     found = stores.get(bucket)
     if found is None:
         from obstore.store import S3Store
@@ -110,24 +110,27 @@ def _store(client: Any, stores: dict[str, Any], bucket: str) -> Any:
             retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=30)},
             client_options={
                 "allow_http": endpoint.startswith("http://"),
-                "connect_timeout": timedelta(seconds=5),
-                "timeout": timedelta(seconds=30),
+                "connect_timeout": timedelta(seconds=min(5.0, timeout)),
+                "timeout": timedelta(seconds=timeout),  # the store's attempt_timeout()
             },
         )
         stores[bucket] = found
     return found
 
 
-def get(client: Any, bucket: str, key: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
+def get(
+    client: Any, bucket: str, key: str, byte_range: tuple[int, int] | None = None, timeout: float = 30.0
+) -> bytes | None:
     """The object's bytes (`byte_range`: (start, end) exclusive), or None: make the botocore
-    call on `client` (the store's, whose endpoint and credentials these requests share)."""
+    call on `client` (the store's, whose endpoint and credentials these requests share).
+    `timeout`: seconds to wait for an answer (fixed when the bucket's store is first made)."""
     stores = _made(client) if _enabled[0] else False
     if not isinstance(stores, dict):
         return None
     import obstore
 
     try:
-        store = _store(client, stores, bucket)
+        store = _store(client, stores, bucket, timeout)
         _used[0] = True
         if byte_range is None:
             return bytes(obstore.get(store, key).bytes())

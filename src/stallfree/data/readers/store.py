@@ -30,6 +30,7 @@ from typing import Any
 
 from stallfree.data.readers import fastget
 from stallfree.errors import StallfreeError
+from stallfree.log import LOGGER
 
 SCHEME = "s3://"
 # The endpoint of a data.endpoint_url key travels to every process (DataLoader workers, DALI's,
@@ -127,16 +128,30 @@ def _make_client() -> Any:
             "s3:// roots need boto3: pip install 'stallfree[s3]' (or pip install boto3)"
         ) from exc
     attempts = int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
+    wait = attempt_timeout()
     config = Config(
         retries={"mode": "standard", "max_attempts": attempts},
-        connect_timeout=5,
-        read_timeout=30,
+        connect_timeout=min(5.0, wait),
+        read_timeout=wait,
         max_pool_connections=64,  # the loaders keep many reads in flight per process
     )
     # A session of its own: boto3's default one is not safe to share across threads.
     core = botocore.session.Session()
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
     return boto3.session.Session(botocore_session=core).client("s3", config=config)
+
+
+def outage_budget() -> float:
+    """Seconds a read waits for a store that does not answer (STALLFREE_S3_OUTAGE_S)."""
+    return float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_S)
+
+
+def attempt_timeout() -> float:
+    """Seconds one request waits for an answer: 30, or less, so that botocore's attempts fit in
+    the outage budget. A store that hangs (connections accepted, never answered) otherwise held
+    a read for 30 s in obstore and 5 x 30 s in botocore, twice, whatever the budget said."""
+    attempts = int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
+    return max(1.0, min(30.0, outage_budget() / attempts))
 
 
 def _timestamp(text: str) -> Any:
@@ -198,9 +213,11 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, HTTPClientError))
 
 
-def _call(url: str, fn: str, *, patient: bool = True, **kwargs: Any) -> dict[str, Any]:
+def _call(
+    url: str, fn: str, *, patient: bool = True, since: float | None = None, **kwargs: Any
+) -> dict[str, Any]:
     """One client call; a failure left after botocore's retries (and, when `patient`, after
-    the outage budget) becomes a StoreError."""
+    the outage budget, counted from `since` when the read began earlier) becomes a StoreError."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     deadline = None
@@ -209,14 +226,31 @@ def _call(url: str, fn: str, *, patient: bool = True, **kwargs: Any) -> dict[str
             return _count(getattr(client(), fn)(**kwargs))
         except (BotoCoreError, ClientError) as exc:
             if patient and _transient(exc):
-                budget = float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_S)
-                deadline = deadline or time.monotonic() + budget
+                budget = outage_budget()
+                if deadline is None:
+                    deadline = (since or time.monotonic()) + budget
+                    _say_waiting(url, exc, budget)
                 if time.monotonic() < deadline:
                     _count({"ResponseMetadata": {"RetryAttempts": 1}})
                     time.sleep(random.uniform(0.5, 2.0))  # jitter: workers do not come back in step
                     continue
                 raise StoreUnavailableError(f"{url}: {_reason(exc)} (still after {budget:.0f} s)") from None
             raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
+
+
+_said = [0.0]  # when this process last said that the store is not answering
+
+
+def _say_waiting(url: str, exc: BaseException, budget: float) -> None:
+    """One line when a read starts waiting on a store that does not answer (at most one every
+    30 s a process): a stalled run says why before its budget runs out, not only after."""
+    now = time.monotonic()
+    if now - _said[0] >= 30:
+        _said[0] = now
+        LOGGER.warning(
+            f"{url}: {_reason(exc)}; the store is not answering: waiting up to {budget:.0f} s "
+            f"for it ({OUTAGE_ENV})"
+        )
 
 
 def _body(url: str, response: dict[str, Any]) -> bytes:
@@ -242,14 +276,15 @@ def _get(url: str, span: tuple[int, int] | None) -> bytes:
     """One GET of the object (`span`: bytes [start, end)): through obstore where a loader's
     readers enabled it (a tenth of the CPU), else, and on anything unusual, through botocore."""
     bucket, key = split_url(url)
-    fast = fastget.get(client(), bucket, key, span)
+    started = time.monotonic()  # the outage budget counts the fast path's wait too
+    fast = fastget.get(client(), bucket, key, span, attempt_timeout())
     if fast is not None:
         return fast
     extra: dict[str, Any] = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
     for attempt in range(3):  # a body cut off mid-read is fetched again, as a GET error would be
         # A failed GET is final here: _call has already spent botocore's retries and the outage
         # budget (retrying it again would triple the wait before a run that cannot go on stops).
-        response = _call(url, "get_object", Bucket=bucket, Key=key, **extra)
+        response = _call(url, "get_object", since=started, Bucket=bucket, Key=key, **extra)
         try:
             return _body(url, response)
         except StoreError:
