@@ -59,6 +59,38 @@ def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPa
         store.check_readable("s3://unit/x")
 
 
+def test_an_endpoint_without_a_scheme_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's ValueError ("Invalid endpoint: 127.0.0.1:18333") reached a new user as a
+    traceback: it is a StoreError naming the endpoint and the fix."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:18333")
+    monkeypatch.setattr(store, "_clients", {})
+    with pytest.raises(store.StoreError) as err:
+        store.check_readable("s3://unit/x")
+    assert "127.0.0.1:18333" in str(err.value) and "http://127.0.0.1:18333" in str(err.value), err.value
+
+
+def test_data_check_on_a_dead_endpoint_ends_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`data check` waited the whole outage budget (120 s) on an endpoint nothing listens on,
+    then exited 75 naming a manifest.json the user never asked about; train's start check
+    says it in a second."""
+    import time
+
+    from stallfree.data.tools.check import check_dataset
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")
+    monkeypatch.setenv(store.OUTAGE_ENV, "40")  # what it waited before: past the test's bound
+    monkeypatch.setattr(store, "_clients", {})
+    started = time.monotonic()
+    with pytest.raises(store.StoreError) as err:
+        check_dataset("s3://unit/data", progress=False)
+    assert not isinstance(err.value, store.StoreUnavailableError)  # not "try again later": exit 2
+    assert str(err.value).startswith("s3://unit/data") and "manifest" not in str(err.value), err.value
+    assert time.monotonic() - started < 30
+
+
 def test_one_client_per_process(bucket: str) -> None:
     """A forked child makes its own client (sockets never cross a fork)."""
     parent = store.client()

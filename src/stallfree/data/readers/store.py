@@ -138,7 +138,14 @@ def _make_client() -> Any:
     # A session of its own: boto3's default one is not safe to share across threads.
     core = botocore.session.Session()
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
-    return boto3.session.Session(botocore_session=core).client("s3", config=config)
+    try:
+        return boto3.session.Session(botocore_session=core).client("s3", config=config)
+    except ValueError as exc:  # botocore's "Invalid endpoint: 127.0.0.1:8333": no scheme
+        endpoint = os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL", "")
+        raise StoreError(
+            f"the endpoint {endpoint!r} (AWS_ENDPOINT_URL or data.endpoint_url) is not a URL; "
+            f"write it with its scheme: http://{endpoint} or https://{endpoint}"
+        ) from None
 
 
 def outage_budget() -> float:

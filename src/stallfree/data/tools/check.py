@@ -161,6 +161,8 @@ def check_dataset(
     where: Where = str(root).rstrip("/") if store.is_remote(str(root)) else Path(root)
     if isinstance(where, Path):
         _name_interrupted_pack(where)
+    else:  # as train starts: a wrong endpoint, bucket or key pair in one line, not the outage wait
+        store.check_readable(where)
     if _is_shards(where):
         return check_shards(
             where, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
