@@ -125,3 +125,13 @@ def test_a_get_that_failed_for_good_is_not_made_again(monkeypatch: pytest.Monkey
     with pytest.raises(store.StoreUnavailableError):
         read("s3://bucket/key")
     assert calls == ["get_object"]
+
+
+def test_an_object_gone_since_the_listing_says_so(bucket: str) -> None:
+    """A GET of a listed object that is gone (deleted between a stop and its resume, whose
+    listing is cached) told a new user to check the URL, the endpoint and the credentials."""
+    with pytest.raises(store.StoreError) as err:
+        store.read(f"{bucket}/gone.jpg")
+    assert isinstance(err.value, store.ObjectGoneError)
+    assert str(err.value).startswith(f"{bucket}/gone.jpg: no such object"), err.value
+    assert "credentials" not in err.value.hint and "put it back" in err.value.hint, err.value.hint

@@ -72,6 +72,16 @@ class StoreError(StallfreeError):
         super().__init__(message)
 
 
+class ObjectGoneError(StoreError):
+    """A GET of an object that is not there: one that was listed (a loader reads only what
+    its listing holds; a resume keeps the run's listing) has been deleted since."""
+
+    hint = (
+        "it was listed when this run started and is gone from the store now: put it back and "
+        "--resume auto, or start a new --out to list the store as it is"
+    )
+
+
 class StoreUnavailableError(StoreError):
     """The store did not answer for the whole outage budget (STALLFREE_S3_OUTAGE_S): a
     training run stops as a preempted one does, to resume once the store is back."""
@@ -140,7 +150,7 @@ def _make_client() -> Any:
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
     try:
         return boto3.session.Session(botocore_session=core).client("s3", config=config)
-    except ValueError as exc:  # botocore's "Invalid endpoint: 127.0.0.1:8333": no scheme
+    except ValueError:  # botocore's "Invalid endpoint: 127.0.0.1:8333": no scheme
         endpoint = os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL", "")
         raise StoreError(
             f"the endpoint {endpoint!r} (AWS_ENDPOINT_URL or data.endpoint_url) is not a URL; "
@@ -242,6 +252,8 @@ def _call(
                     time.sleep(random.uniform(0.5, 2.0))  # jitter: workers do not come back in step
                     continue
                 raise StoreUnavailableError(f"{url}: {_reason(exc)} (still after {budget:.0f} s)") from None
+            if fn == "get_object" and _reason(exc) == "no such object":
+                raise ObjectGoneError(f"{url}: {_reason(exc)}") from None
             raise StoreError(f"{url}: {_reason(exc)}") from None  # no chained request details
 
 
