@@ -103,14 +103,18 @@ def test_a_resume_lists_the_class_prefixes_alone(root: str, calls: list[str]) ->
 
 
 def test_a_new_run_sees_a_key_added_or_removed_a_resume_keeps_its_listing(
-    client: Any, root: str, calls: list[str]
+    client: Any, root: str, calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     first = resolve_dataset(DataConfig(root=root))
     _put(client, root, "train/a/9.jpg")
     client.delete_object(Bucket=BUCKET, Key=f"{store.split_url(root)[1]}/train/b/1.jpg")
     # A resume continues on the samples its checkpoint positions count: the listing it began with.
+    caplog.set_level("INFO", logger="stallfree")
     resumed = resolve_dataset(DataConfig(root=root), reuse_listing=True)
     assert resumed.splits["train"].files == first.splits["train"].files
+    # And says so: a new user's added object was left out without a word.
+    said = [r.getMessage() for r in caplog.records if "listing" in r.getMessage()]
+    assert len(said) == 1 and root in said[0] and "new run" in said[0], said
     calls.clear()
     fresh = resolve_dataset(DataConfig(root=root))
     assert len(calls) == FULL

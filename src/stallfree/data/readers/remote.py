@@ -44,6 +44,7 @@ from typing import Any
 
 from stallfree.data.readers import store
 from stallfree.data.readers.listing import SPLITS, DatasetError
+from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
 from stallfree.version import __version__
 
@@ -134,6 +135,11 @@ def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
     classes = remote_classes(root, prefixes)
     path = cache_path(root)
     if reuse and (entry := _load(path, root)) is not None and entry["prefixes"] == prefixes:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.get("listed_at", 0)))
+        LOGGER.info(
+            f"{root}: resuming on the listing made at {when}, which the checkpoint's positions "
+            f"count; objects added or removed since wait for a new run (or remove {path})"
+        )
         return _unpack(entry)
     token = _launch_token()
     if dist.local_world_size > 1 and dist.local_rank != 0 and _writable(path.parent):
