@@ -160,8 +160,8 @@ def upload_tree(client, local: Path, bucket: str, prefix: str) -> str:
     """Put every file under `local` at s3://bucket/prefix/<relative path>; the URL."""
     try:
         client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
+    except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        pass  # a module's server, used again (SeaweedFS says the second after a restart)
     for path in sorted(local.rglob("*")):
         if path.is_file():
             client.put_object(

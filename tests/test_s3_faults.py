@@ -23,16 +23,26 @@ from stallfree.train.run import train
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A server of this test's own, to kill; the run's subprocess finds it by the environment."""
-    own = Server(need_weed(), tmp_path / "weed")
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server of this module's own, to kill (the session's is shared by other modules); the
+    runs' subprocesses find it by the environment. Started once: a start costs ~5 s."""
+    own = Server(need_weed(), tmp_path_factory.mktemp("weed"))
     own.start()
-    for key, value in own.env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(store, "_clients", {})
-    yield own
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in own.env().items():
+            patch.setenv(key, value)
+        yield own
     own.kill()
+
+
+@pytest.fixture
+def server(own_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """The module's server, running (a test that failed with it down left it so)."""
+    if own_server.proc is None or own_server.proc.poll() is not None:
+        own_server.start()
+    monkeypatch.setattr(store, "_clients", {})
+    return own_server
 
 
 def _recipe(root: str | Path, backend: str = "torch"):
@@ -168,7 +178,7 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_
         "print('frozen', flush=True); sys.stdin.readline()\n"
         "store.read(sys.argv[1])\n"
     )
-    env = {**os.environ, store.OUTAGE_ENV: "3"}
+    env = {**os.environ, store.OUTAGE_ENV: "3", store.ATTEMPTS_ENV: "2"}  # 1.5 s a request
     proc = subprocess.Popen(
         [sys.executable, "-c", reader, f"s3://faults/{key}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
