@@ -99,3 +99,17 @@ def test_a_snapshot_keeps_the_random_state_of_the_last_step() -> None:
     assert loader.fetched == 3
     state = mark.loader_state(stop.value)
     assert (state["position"], state["stream"]) == (8, 2)  # the one step's two micro-batches
+
+
+def test_a_snapshot_after_an_epoch_s_last_step_resumes_at_the_next_epoch() -> None:
+    """An outage met in validation or the next epoch's first fetch: the next epoch's start
+    (not the last epoch's end, which would validate it again), with the random state as the
+    last epoch ended."""
+    loader = _Streaming(torch.zeros(8, 3, 8, 8), torch.zeros(8, dtype=torch.int64), batch_size=4)
+    mark = StepMark(loader, snapshot=True)
+    for _ in loader:
+        mark.step()
+    loader.set_epoch(1)  # as fit() does before validating
+    loader.fetched += 5  # the new epoch's pipeline had read ahead before the store went
+    state = mark.loader_state(StoreOutage("s3://b/val/x.jpg: down (still after 3 s)"))
+    assert (state["epoch"], state["position"], state["stream"]) == (1, 0, 2)

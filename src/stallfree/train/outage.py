@@ -84,7 +84,11 @@ class StepMark:
         starts at 0) and DALI's random state, which is past them, dropped: that resume starts
         a fresh stream, in the same sample order."""
         if isinstance(stop, StoreOutage) and self.state is not None:
-            return dict(self.state)
+            if self.loader.epoch == self.state["epoch"]:
+                return dict(self.state)
+            # The run had moved on (validating, or the next epoch's first fetch): that epoch's
+            # start, with the random state as the last one ended (its end would validate again).
+            return {**self.state, "epoch": self.loader.epoch, "position": 0}
         state = self.loader.state_dict()
         if isinstance(stop, StoreOutage):
             position = self.position if state["epoch"] == self.epoch else 0
