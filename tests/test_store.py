@@ -53,6 +53,10 @@ def test_errors_name_the_url_and_reason(bucket: str, monkeypatch: pytest.MonkeyP
 
 def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
+    # Its own key pair: without one (no session server started in this worker yet) botocore
+    # stops at "no credentials" before it tries the endpoint.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv(store.ATTEMPTS_ENV, "2")
     monkeypatch.setattr(store, "_clients", {})
     with pytest.raises(store.StoreError, match=r"^s3://unit/x: Could not connect to the endpoint"):
