@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from stallfree.data.readers import fastget
-from stallfree.data.readers.store import SCHEME
+from stallfree.data.readers.store import is_remote
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -34,7 +34,7 @@ def reads_in_flight(io_depth: int | str, root: str) -> int:
     """`loader.io_depth` as a number of reader threads for data under `root`."""
     if io_depth != "auto":
         return int(io_depth)
-    return AUTO_DEPTH_STORE if root.startswith(SCHEME) else AUTO_DEPTH_PATH
+    return AUTO_DEPTH_STORE if is_remote(root) else AUTO_DEPTH_PATH
 
 
 class ReaderPool:

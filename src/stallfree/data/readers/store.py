@@ -137,10 +137,9 @@ def _make_client() -> Any:
         raise StoreError(
             "s3:// roots need boto3: pip install 'stallfree[s3]' (or pip install boto3)"
         ) from exc
-    attempts = int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
     wait = attempt_timeout()
     config = Config(
-        retries={"mode": "standard", "max_attempts": attempts},
+        retries={"mode": "standard", "max_attempts": max_attempts()},
         connect_timeout=min(5.0, wait),
         read_timeout=wait,
         max_pool_connections=64,  # the loaders keep many reads in flight per process
@@ -163,12 +162,16 @@ def outage_budget() -> float:
     return float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_S)
 
 
+def max_attempts() -> int:
+    """botocore's attempts a request (STALLFREE_S3_MAX_ATTEMPTS)."""
+    return int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
+
+
 def attempt_timeout() -> float:
     """Seconds one request waits for an answer: 30, or less, so that botocore's attempts fit in
     the outage budget. A store that hangs (connections accepted, never answered) otherwise held
     a read for 30 s in obstore and 5 x 30 s in botocore, twice, whatever the budget said."""
-    attempts = int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS)
-    return max(1.0, min(30.0, outage_budget() / attempts))
+    return max(1.0, min(30.0, outage_budget() / max_attempts()))
 
 
 def _timestamp(text: str) -> Any:
