@@ -83,15 +83,18 @@ def data_record(dataset: Dataset | None) -> dict[str, Any]:
     return {"train_samples": len(listing), "train_digest": listing.digest(with_prefix=False)}
 
 
-def check_same_data(state: dict[str, Any], dataset: Dataset | None, path: Path, force: bool = False) -> None:
-    """Refuse a mid-epoch resume on other data than the checkpoint's.
+def check_same_data(
+    state: dict[str, Any], now: dict[str, Any], dataset: Dataset | None, path: Path, force: bool = False
+) -> None:
+    """Refuse a mid-epoch resume on other data than the checkpoint's; `now` is `data_record`
+    of `dataset` (made once a run: it hashes every train file's name).
 
     Positions are samples of a permutation of the listing: with one file more or less, or a
     label changed, the rest of the epoch is dealt from another order, training some samples
     twice and others never, silently. At an epoch's start nothing of the epoch was read, so
     the new data is only said; `force` goes on mid-epoch too, saying what it costs.
     """
-    saved, now = state.get("data") or {}, data_record(dataset)
+    saved = state.get("data") or {}
     if not saved or not now or saved == now or dataset is None:
         return  # a checkpoint from before this record, or no listing at all
     position = int(state["ranks"][0]["loader"]["position"])

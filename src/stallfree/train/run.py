@@ -141,8 +141,9 @@ def train(
         found.state["recipe"] if found else None
     )
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
+    data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
     if found is not None:
-        check_same_data(found.state, ctx.dataset, found.path, force)
+        check_same_data(found.state, data, ctx.dataset, found.path, force)
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     loaders: dict[str, Loader] = {}
@@ -174,7 +175,7 @@ def train(
                 held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
                 (run.path / "val_holdout.txt").write_text(held)
         _announce(ctx, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, clock)
+        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, clock, data)
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
@@ -293,14 +294,15 @@ def _run(
     start_epoch: int,
     profile_steps: int,
     clock: SegmentClock,
+    data: dict[str, Any],
 ) -> dict[str, Any]:
-    """fit() with periodic, epoch-end and on-signal checkpoints, and the profiler's clock."""
+    """fit() with periodic, epoch-end and on-signal checkpoints (each records `data`, the
+    run's `data_record`), and the profiler's clock."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
     # The last step's loader state (an outage gives back the rest); from a store, kept whole.
     mark = StepMark(train_loader, snapshot=store.is_remote(recipe.data.root))
-    data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
 
     def save(stop: PreemptedError | None = None) -> None:
         state = training_state(
