@@ -167,3 +167,24 @@ def torchrun_train(*args: str) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
         "-m", "stallfree", "train", *args, "--no-progress",
     ]  # fmt: skip
+
+
+def stop_after(steps: int) -> type:
+    """A StopSignal whose flag reads SIGTERM from the trainer's `steps`-th check on (it checks
+    once after every optimizer step): a stop as a scheduler sends it, at a known step. Patch it
+    over `stallfree.train.run.StopSignal`."""
+    from stallfree.train.resume import StopSignal
+
+    class StopAfter(StopSignal):
+        checks = 0
+
+        @property
+        def requested(self) -> str | None:  # type: ignore[override]
+            type(self).checks += 1
+            return "SIGTERM" if type(self).checks >= steps else None
+
+        @requested.setter
+        def requested(self, value: str | None) -> None:
+            pass
+
+    return StopAfter

@@ -9,26 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe
+from helpers import small_recipe, stop_after
 
 from stallfree.train.checkpoint import load_checkpoint
-from stallfree.train.resume import ResumeError, StopSignal
+from stallfree.train.resume import ResumeError
 from stallfree.train.trainer import PreemptedError
-
-
-class StopAfterTwoSteps(StopSignal):
-    """SIGTERM as the trainer sees it after its second optimizer step (mid-epoch here)."""
-
-    checks = 0
-
-    @property
-    def requested(self) -> str | None:
-        type(self).checks += 1
-        return "SIGTERM" if type(self).checks >= 2 else None
-
-    @requested.setter
-    def requested(self, value: str | None) -> None:
-        pass
 
 
 @pytest.fixture
@@ -39,8 +24,7 @@ def stopped(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     data, run = tmp_path / "data", tmp_path / "run"
     shutil.copytree(image_root, data)
-    StopAfterTwoSteps.checks = 0
-    monkeypatch.setattr(run_module, "StopSignal", StopAfterTwoSteps)
+    monkeypatch.setattr(run_module, "StopSignal", stop_after(2))  # mid-epoch 0
     with pytest.raises(PreemptedError):
         train(_recipe(data), run, progress=False)
     monkeypatch.undo()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe, torchrun_train, train_until_logged
+from helpers import small_recipe, stop_after, torchrun_train, train_until_logged
 
 from stallfree.cli import main
 from stallfree.data.tools.demo import write_demo
@@ -332,24 +332,11 @@ def test_the_summary_after_a_requeue_sums_every_segment(
     """Stopped after step 3 (as by SIGTERM), then resumed: summary.json counts the time and
     images of both segments, not of the last one alone."""
     import stallfree.train.run as run_module
-    from stallfree.train.resume import StopSignal
     from stallfree.train.trainer import PreemptedError
-
-    class StopAfterThreeSteps(StopSignal):
-        checks = 0  # the trainer asks once after every optimizer step
-
-        @property
-        def requested(self) -> str | None:
-            type(self).checks += 1
-            return "SIGTERM" if type(self).checks >= 3 else None
-
-        @requested.setter
-        def requested(self, value: str | None) -> None:
-            pass
 
     recipe = small_recipe(image_root, train={"epochs": 2, "log_every": 2}, optim={"warmup_steps": 0})
     run = tmp_path / "run"
-    monkeypatch.setattr(run_module, "StopSignal", StopAfterThreeSteps)
+    monkeypatch.setattr(run_module, "StopSignal", stop_after(3))
     started = time.perf_counter()
     with pytest.raises(PreemptedError):
         train(recipe, run, progress=False)
