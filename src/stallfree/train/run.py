@@ -25,6 +25,7 @@ from stallfree.recipe import Recipe, RecipeError, dump_toml
 from stallfree.train.build import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
+from stallfree.train.listing_check import check_ranks_agree
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.outage import (
     StepMark,
@@ -146,6 +147,7 @@ def train(
         check_same_data(found.state, data, ctx.dataset, found.path, force)
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
+    check_ranks_agree(ctx.dataset, data, dist.rank, dist.world_size)  # nodes list on their own
     loaders: dict[str, Loader] = {}
     sinks = SinkSet()
     all_ranks_here = False  # a finished or agreed-preempted run: safe to leave the group

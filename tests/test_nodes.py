@@ -1,0 +1,163 @@
+"""Two nodes of one run (`torchrun --nnodes 2`, one rank each, each with its own cache and its
+own copy of the data): they refuse to start, every rank exiting, when one node lists a file
+the other does not; copies at other paths agree; and two nodes in their own network namespaces
+(a rendezvous that is not loopback) train together."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import small_recipe
+
+from stallfree.data.readers.folders import resolve_dataset
+from stallfree.recipe import dump_toml
+from stallfree.train.listing_check import _mismatch, identity
+from stallfree.train.resume import data_record
+
+
+def _copy_root(src: Path, dst: Path, extra: bool = False) -> Path:
+    """A node's own copy of the demo data (hard links); `extra`: one train image more."""
+    for path in src.rglob("*.jpg"):
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(path, target)
+    if extra:
+        first = sorted((dst / "train").glob("*/*.jpg"))[0]
+        os.link(first, first.with_name("added-meanwhile.jpg"))
+    return dst
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _node(node_rank: int, root: Path, tmp_path: Path, port: int, addr: str) -> list[str]:
+    """The command of one node's launcher (static rendezvous at rank 0's `addr`:`port`)."""
+    recipe = tmp_path / f"node{node_rank}.toml"
+    # 60 images, 8 a rank: 3 steps.
+    recipe.write_text(dump_toml(small_recipe(root, train={"batch_size": 8, "epochs": 1})))
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+        "--node_rank", str(node_rank), "--master_addr", addr, "--master_port", str(port),
+        "-m", "stallfree", "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+
+
+def run_two_nodes(
+    roots: list[Path], tmp_path: Path, addr: str = "127.0.0.1", netns: list[str] | None = None
+) -> list[tuple[int, str]]:
+    """Both nodes' launchers at once, each with its own STALLFREE_CACHE (and, with `netns`, in
+    its own namespace, gloo on its veth): each one's (exit code, output)."""
+    port, procs = _free_port(), []
+    for node, root in enumerate(roots):
+        env = {**os.environ, "STALLFREE_CACHE": str(tmp_path / f"cache{node}"), "OMP_NUM_THREADS": "1"}
+        command = _node(node, root, tmp_path, port, addr)
+        if netns:
+            command = ["ip", "netns", "exec", netns[node], *command]
+            env["GLOO_SOCKET_IFNAME"] = f"{netns[node]}v"
+        log = (tmp_path / f"node{node}.log").open("w")  # a file: a stuck rank holds no pipe
+        procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    results = []
+    for node, proc in enumerate(procs):
+        try:
+            proc.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            pytest.fail(f"node {node} hung: " + (tmp_path / f"node{node}.log").read_text()[-2000:])
+        results.append((proc.returncode, (tmp_path / f"node{node}.log").read_text()))
+    return results
+
+
+@pytest.mark.e2e
+def test_two_nodes_that_list_other_files_refuse_to_start(image_root: Path, tmp_path: Path) -> None:
+    roots = [_copy_root(image_root, tmp_path / f"data{node}", extra=node == 1) for node in (0, 1)]
+    for code, log in run_two_nodes(roots, tmp_path):
+        said = [line for line in log.splitlines() if "stallfree" in line and "error:" in line]
+        assert code != 0 and len(said) == 1, log[-3000:]
+        assert "train split" in said[0] and "60" in said[0] and "61" in said[0], said[0]
+        assert "data.file_list" in said[0], said[0]  # the fix
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step was taken
+
+
+def test_copies_at_other_paths_agree_and_one_file_more_does_not(image_root: Path, tmp_path: Path) -> None:
+    def ident(root: Path) -> dict[str, tuple[int, str]]:
+        dataset = resolve_dataset(small_recipe(root).data)
+        return identity(dataset, data_record(dataset))
+
+    same = ident(_copy_root(image_root, tmp_path / "a"))
+    assert same == ident(image_root) and set(same) == {"train", "val"}
+    assert same["train"][0] == 60
+    more = ident(_copy_root(image_root, tmp_path / "b", extra=True))
+    assert more["train"][0] == 61 and more["val"] == same["val"]
+
+
+def test_a_mismatch_names_the_split_both_counts_and_the_fix() -> None:
+    ours = {"train": (60, "a"), "val": (30, "b")}
+    line = _mismatch((ours, "hostA node 0"), ({"train": (60, "c"), "val": (30, "b")}, "hostB node 1"), 1, 1)
+    assert "train split" in line and "hostA node 0) lists 60" in line and "hostB node 1) 60" in line
+    assert "other files or labels" in line and "data.file_list" in line and "\n" not in line
+    line = _mismatch((ours, "a"), ({"train": (60, "a"), "val": (29, "d")}, "b"), 3, 2)
+    assert "val split" in line and "rank 3 (b) 29" in line and "1 more rank(s)" in line
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def _namespaces() -> Iterator[list[str]]:
+    """Two network namespaces joined by a veth pair, 10.200.0.1 and 10.200.0.2 (the
+    interface in namespace NS is NSv); removed on the way out."""
+    tag = uuid.uuid4().hex[:6]
+    names = [f"sf{tag}a", f"sf{tag}b"]
+    made: list[str] = []
+    try:
+        for name in names:
+            _ip("netns", "add", name)
+            made.append(name)
+        _ip("link", "add", f"{names[0]}v", "type", "veth", "peer", "name", f"{names[1]}v")
+        for i, name in enumerate(names):
+            _ip("link", "set", f"{name}v", "netns", name)
+            _ip("-n", name, "addr", "add", f"10.200.0.{i + 1}/24", "dev", f"{name}v")
+            _ip("-n", name, "link", "set", f"{name}v", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+        yield names
+    finally:
+        for name in made:  # the veth pair goes with its namespaces
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+def _netns_reason() -> str:
+    """Why namespaces cannot be made here, or "" when they can."""
+    if os.geteuid() != 0:
+        return "needs root to make network namespaces (ip netns add)"
+    try:
+        with _namespaces():
+            return ""
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        return f"ip netns is unavailable here: {str(detail).strip()}"
+
+
+@pytest.mark.e2e
+def test_two_nodes_in_their_own_network_namespaces_train(image_root: Path, tmp_path: Path) -> None:
+    reason = _netns_reason()
+    if reason:
+        pytest.skip(reason)
+    roots = [_copy_root(image_root, tmp_path / f"data{node}") for node in (0, 1)]
+    with _namespaces() as names:
+        results = run_two_nodes(roots, tmp_path, addr="10.200.0.1", netns=names)
+    for code, log in results:
+        assert code == 0, log[-3000:]
+    assert (tmp_path / "run" / "summary.json").exists()
