@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import small_recipe
+from s3_server import upload_tree
 
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import dump_toml
@@ -41,27 +42,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _node(node_rank: int, root: Path, tmp_path: Path, port: int, addr: str) -> list[str]:
-    """The command of one node's launcher (static rendezvous at rank 0's `addr`:`port`)."""
+def _node(
+    node_rank: int, root: Path | str, tmp_path: Path, port: int, addr: str, entry: list[str]
+) -> list[str]:
+    """The command of one node's launcher (static rendezvous at rank 0's `addr`:`port`);
+    `entry`: what its rank runs (`-m stallfree`, or a script and its arguments)."""
     recipe = tmp_path / f"node{node_rank}.toml"
     # 60 images, 8 a rank: 3 steps.
     recipe.write_text(dump_toml(small_recipe(root, train={"batch_size": 8, "epochs": 1})))
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
         "--node_rank", str(node_rank), "--master_addr", addr, "--master_port", str(port),
-        "-m", "stallfree", "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress",
+        *entry, "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress",
     ]  # fmt: skip
 
 
 def run_two_nodes(
-    roots: list[Path], tmp_path: Path, addr: str = "127.0.0.1", netns: list[str] | None = None
+    roots: list[Path] | list[str],
+    tmp_path: Path,
+    addr: str = "127.0.0.1",
+    netns: list[str] | None = None,
+    entries: list[list[str]] | None = None,
 ) -> list[tuple[int, str]]:
     """Both nodes' launchers at once, each with its own STALLFREE_CACHE (and, with `netns`, in
     its own namespace, gloo on its veth): each one's (exit code, output)."""
     port, procs = _free_port(), []
     for node, root in enumerate(roots):
         env = {**os.environ, "STALLFREE_CACHE": str(tmp_path / f"cache{node}"), "OMP_NUM_THREADS": "1"}
-        command = _node(node, root, tmp_path, port, addr)
+        entry = entries[node] if entries else ["-m", "stallfree"]
+        command = _node(node, root, tmp_path, port, addr, entry)
         if netns:
             command = ["ip", "netns", "exec", netns[node], *command]
             env["GLOO_SOCKET_IFNAME"] = f"{netns[node]}v"
@@ -82,12 +91,35 @@ def run_two_nodes(
 @pytest.mark.e2e
 def test_two_nodes_that_list_other_files_refuse_to_start(image_root: Path, tmp_path: Path) -> None:
     roots = [_copy_root(image_root, tmp_path / f"data{node}", extra=node == 1) for node in (0, 1)]
-    for code, log in run_two_nodes(roots, tmp_path):
+    _assert_refused(run_two_nodes(roots, tmp_path), tmp_path)
+
+
+def _assert_refused(results: list[tuple[int, str]], tmp_path: Path) -> None:
+    """Every node exited non-zero with one line naming train, 60 against 61, and the fix."""
+    for code, log in results:
         said = [line for line in log.splitlines() if "stallfree" in line and "error:" in line]
         assert code != 0 and len(said) == 1, log[-3000:]
         assert "train split" in said[0] and "60" in said[0] and "61" in said[0], said[0]
         assert "data.file_list" in said[0], said[0]  # the fix
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # no step was taken
+
+
+@pytest.mark.slow
+def test_an_object_added_between_two_nodes_listings_is_refused(
+    s3_server, image_root: Path, tmp_path: Path
+) -> None:
+    url = upload_tree(s3_server.client(), image_root, "nodes", uuid.uuid4().hex[:8])
+    first = sorted((image_root / "train").glob("*/*.jpg"))[0]
+    added = f"{url}/train/{first.parent.name}/added-meanwhile.jpg"
+    # Node 1's rank adds the object once node 0 has listed, then lists (tests/add_then_train.py).
+    late = [
+        str(Path(__file__).with_name("add_then_train.py")),
+        str(tmp_path / "cache0"),
+        added,
+        str(first),
+        "--",
+    ]
+    _assert_refused(run_two_nodes([url, url], tmp_path, entries=[["-m", "stallfree"], late]), tmp_path)
 
 
 def test_copies_at_other_paths_agree_and_one_file_more_does_not(image_root: Path, tmp_path: Path) -> None:
