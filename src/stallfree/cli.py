@@ -185,7 +185,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(
             f"{out}: "
             + ", ".join(
-                f"{k}={_fmt(v)}"
+                f"{k}={_fmt(k, v)}"
                 for k, v in summary.items()
                 if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")
             )
@@ -216,21 +216,46 @@ def cmd_compare(args: argparse.Namespace) -> int:
         path = Path(run) / "summary.json"
         if not path.is_file():
             raise RunDirError(f"{path} not found; is {run} a finished run directory?")
-        rows.append((run, json.loads(path.read_text())))
-    header = f"{'run':<28} {'loader':<10} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} {'wall s':>8}"
+        rows.append((run, json.loads(path.read_text()), _data_source(Path(run))))
+    header = (
+        f"{'run':<28} {'loader':<10} {'data':<13} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} "
+        f"{'wall s':>8}"
+    )
     print(header)
     print("-" * len(header))
-    for run, s in rows:
+    for run, s, source in rows:
         print(
-            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {_fmt(s.get('images_per_s')):>8} "
-            f"{_pct(s.get('data_wait_frac')):>10} {_fmt(s.get('val_top1')):>10} {_fmt(s.get('wall_s')):>8}"
+            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {source:<13} "
+            f"{_fmt('images_per_s', s.get('images_per_s')):>8} "
+            f"{_pct(s.get('data_wait_frac')):>10} "
+            f"{_fmt('val_top1', s.get('val_top1')):>10} {_fmt('wall_s', s.get('wall_s')):>8}"
         )
     return 0
 
 
-def _fmt(value: object) -> str:
+def _data_source(run: Path) -> str:
+    """Where a run read its data, from its recipe.toml: "s3 folders", "local tar", "synthetic"."""
+    from stallfree.data.readers.store import is_remote
+    from stallfree.recipe import tomllib
+
+    try:
+        recipe = tomllib.loads((run / "recipe.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return "?"
+    data, backend = recipe.get("data", {}), BACKENDS.get(recipe.get("loader", {}).get("backend", ""))
+    root = str(data.get("root", ""))
+    if not root or (backend is not None and not backend.needs_data):
+        return "synthetic"
+    return f"{'s3' if is_remote(root) else 'local'} {'tar' if data.get('format') == 'tar' else 'folders'}"
+
+
+# One format per figure, so that a column of `compare` lines up (and train's last line agrees).
+_FORMATS = {"images_per_s": "{:.1f}", "data_wait_frac": "{:.4f}", "val_top1": "{:.4f}", "wall_s": "{:.1f}"}
+
+
+def _fmt(key: str, value: object) -> str:
     if isinstance(value, float):
-        return f"{value:.4f}" if value < 10 else f"{value:.1f}"
+        return _FORMATS.get(key, "{:.4g}").format(value)
     return "-" if value is None else str(value)
 
 
