@@ -21,6 +21,7 @@ from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.predict import add_parser as _predict_parser
 from stallfree.predict import cmd_predict
 from stallfree.recipe import (
+    DEVICES,
     Recipe,
     RecipeError,
     apply_overrides,
@@ -34,7 +35,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a recipe (one CPU, one GPU, or torchrun/srun)")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/demo.toml")
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    p.add_argument("--device", choices=DEVICES, help="training device")
     p.add_argument("--epochs", type=int, help="number of epochs")
     p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
     p.add_argument(
@@ -78,7 +79,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
         help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)",
     )
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
+    p.add_argument("--device", choices=DEVICES, help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
 
