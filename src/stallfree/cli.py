@@ -72,7 +72,12 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="the val accuracy of a checkpoint (top-1/top-5; torchrun too)")
-    p.add_argument("recipe", help="the recipe the checkpoint was trained with")
+    p.add_argument(
+        "recipe",
+        nargs="?",
+        help="a recipe whose val data to read (default: the checkpoint's own recipe); its model, "
+        "classes, sizes and normalisation must be the checkpoint's",
+    )
     p.add_argument(
         "--checkpoint",
         required=True,
@@ -125,13 +130,7 @@ def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
     """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides;
     `paths`: check the files it names too. Torch-free, so a mistake is said at once."""
     recipe = load_recipe(args.recipe)
-    overrides = list(args.overrides)
-    if args.loader:
-        overrides.insert(0, f"loader.backend={args.loader}")
-    if args.device:
-        overrides.insert(0, f"train.device={args.device}")
-    if getattr(args, "epochs", None) is not None:
-        overrides.insert(0, f"train.epochs={args.epochs}")
+    overrides = flag_overrides(args)
     recipe = apply_overrides(recipe, overrides)
     try:  # the rules across keys, checked here so that the message says where the recipe came from
         validate(recipe)
@@ -141,6 +140,18 @@ def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
         flags = " with its flags and --set overrides" if overrides else ""
         raise RecipeError(f"{args.recipe}{flags}: {exc}") from exc
     return recipe
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The flags (--loader, --device, --epochs) as overrides, then the --set ones."""
+    overrides = list(args.overrides)
+    if args.loader:
+        overrides.insert(0, f"loader.backend={args.loader}")
+    if args.device:
+        overrides.insert(0, f"train.device={args.device}")
+    if getattr(args, "epochs", None) is not None:
+        overrides.insert(0, f"train.epochs={args.epochs}")
+    return overrides
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -195,10 +206,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    recipe = resolve_recipe(args, paths=True)  # before torch's import: said at once
+    # A recipe given is checked before torch's import (said at once); none: the checkpoint's own.
+    recipe = resolve_recipe(args, paths=True) if args.recipe else None
     from stallfree.train.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(recipe, args.checkpoint)
+    result = evaluate_checkpoint(
+        recipe, args.checkpoint, overrides=flag_overrides(args), given=args.recipe or ""
+    )
     if _rank() == 0:
         if args.json:
             print(json.dumps(result))
