@@ -36,6 +36,8 @@ def evaluate_checkpoint(
     state = load_checkpoint(checkpoint)
     if recipe is None:
         recipe = own_recipe(checkpoint_recipe(state, checkpoint), overrides, checkpoint)
+    else:  # held to the checkpoint as strictly as a file (a Python caller passes none)
+        given = given or "the recipe given"
     ctx = prepare(recipe, dist)
     recipe, device = ctx.recipe, ctx.device
     hold_to_checkpoint(recipe, ctx.num_classes, ctx.class_names, state, checkpoint, given=given)
