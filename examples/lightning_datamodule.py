@@ -143,11 +143,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--classes", type=int, default=10, help="the data's class count (demo: 10)")
     parser.add_argument("--ckpt", default=None, help="a Lightning checkpoint to resume from")
+    parser.add_argument(
+        "--out", default="runs/lightning", help="Lightning's logs and checkpoints (default runs/lightning)"
+    )
     args = parser.parse_args(argv)
     data = StallfreeDataModule(args.recipe, args.overrides)
     epochs = stallfree_epochs(args.recipe, args.overrides)
     # use_distributed_sampler=False: stallfree shards by rank itself (torchrun's RANK/WORLD_SIZE).
-    trainer = L.Trainer(max_epochs=epochs, use_distributed_sampler=False, log_every_n_steps=5)
+    # default_root_dir: Lightning would otherwise write lightning_logs/ into the working directory.
+    trainer = L.Trainer(
+        max_epochs=epochs, use_distributed_sampler=False, log_every_n_steps=5, default_root_dir=args.out
+    )
     trainer.fit(TinyClassifier(args.classes), datamodule=data, ckpt_path=args.ckpt)
 
 

@@ -192,3 +192,17 @@ def test_two_ranks_under_torchrun_get_the_clis_shares(image_root: Path, tmp_path
             cli = _cli_batches(recipe.copy(), "train", DistInfo(rank=rank, world_size=2), 1)
             assert got == [labels.tolist() for _, labels in cli], (backend, rank)
             assert len(got) == 60 // (8 * 2)
+
+
+@pytest.mark.e2e  # a Lightning fit: one short epoch on the CPU
+def test_lightning_example_writes_its_logs_under_runs_not_the_checkout(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as the README says, from a checkout: Lightning's logs and checkpoints land in the
+    run folder (runs/ is ignored by git), never in a lightning_logs/ beside the sources."""
+    example = _lightning()
+    monkeypatch.chdir(tmp_path)
+    sets = [arg for item in [*_small(image_root, "torch"), "train.epochs=1"] for arg in ("--set", item)]
+    example.main([str(REPO / "pipelines/demo.toml"), *sets])
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
+    assert list((tmp_path / "runs").rglob("*.ckpt"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,70 @@ def test_eval_json_carries_the_val_loss_training_logged(
     logged = [r for r in records if "val_loss" in r][-1]  # the same weights, after the last epoch
     assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
     assert result["val_top1"] == logged["val_top1"]
+
+
+def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from stallfree.cli import main
+
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_without_a_recipe_uses_the_checkpoints_own(
+    trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recipe is optional: the checkpoint's own (its data, file list, sizes) is the default."""
+    _, run = trained
+    code, out, _ = _main(["eval", "--checkpoint", str(run), "--json"], capsys)
+    assert code == 0
+    result = json.loads(out.strip().splitlines()[-1])
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").open() if "val_loss" in line][-1]
+    assert result["samples"] == 29  # the training recipe's file list
+    assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
+
+
+def _copy_classes(image_root: Path, into: Path, classes: list[str], rename: str = "") -> Path:
+    for split in ("train", "val"):
+        for name in classes:
+            shutil.copytree(image_root / split / name, into / split / f"{rename}{name}")
+    return into
+
+
+def _recipe_file(path: Path, root: Path, **augment: int) -> Path:
+    sizes = {"image_size": 32, "resize_size": 36, **augment}
+    path.write_text(dump_toml(small_recipe(root, train={"batch_size": 16}, augment=sizes)))
+    return path
+
+
+def test_eval_holds_a_given_recipe_to_the_checkpoint(
+    trained: tuple[Path, Path], image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another class count, the same count under other names, another val size: one line that
+    names both values, never a traceback or a silently wrong figure. Another val set of the
+    same classes is legitimate: evaluated, with a warning naming both roots."""
+    _, run = trained
+    classes = sorted(p.name for p in (image_root / "train").iterdir())
+    cases = {
+        "three": (_copy_classes(image_root, tmp_path / "three", classes[:3]), {}, ["3", "10"]),
+        "renamed": (
+            _copy_classes(image_root, tmp_path / "renamed", classes, rename="x"),
+            {},
+            [f"x{classes[0]}", classes[0]],
+        ),
+        "48px": (image_root, {"image_size": 48, "resize_size": 55}, ["48", "32"]),
+    }
+    for name, (root, sizes, named) in cases.items():
+        recipe = _recipe_file(tmp_path / f"{name}.toml", root, **sizes)
+        code, out, err = _main(["eval", str(recipe), "--checkpoint", str(run)], capsys)
+        lines = [line for line in err.splitlines() if "error" in line]
+        assert code == 2 and not out and len(lines) == 1, (name, err)
+        assert all(value in lines[0] for value in named) and str(recipe) in lines[0], (name, err)
+
+    other = _copy_classes(image_root, tmp_path / "other", classes)
+    code, out, err = _main(
+        ["eval", str(_recipe_file(tmp_path / "o.toml", other)), "--checkpoint", str(run)], capsys
+    )
+    assert code == 0 and "top-1" in out
+    assert str(other) in err and str(image_root) in err

@@ -118,3 +118,39 @@ def test_predict_names_a_bad_file_in_human_mode(
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 9
     assert "broken.jpg" in err and "nope.jpg" in err
+
+
+def test_predict_says_when_a_folder_holds_no_images(
+    named_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing to predict is one line naming the folder and a non-zero exit, never silence;
+    an empty folder beside images is one failed input, named, the others predicted."""
+    from stallfree.cli import main
+
+    root, run = named_run
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "notes.txt").write_text("not an image")
+    assert main(["predict", str(run), str(empty)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and str(empty) in err and "no image" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["predict", str(run), str(root / "val" / "apple"), str(empty), "--json"]) == 1
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["path"] for r in records if "error" in r] == [str(empty)]
+    assert sum("top" in r for r in records) == 3
+
+
+def test_predict_names_a_device_it_does_not_know(
+    named_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--device gpu is an argument error naming the choices, as train's and eval's are."""
+    from stallfree.cli import main
+
+    root, run = named_run
+    for command in (["predict", str(run), str(root / "val")], ["eval", "r.toml", "--checkpoint", str(run)]):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, "--device", "gpu"])
+        assert stop.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "'gpu'" in last and all(name in last for name in ("auto", "cpu", "cuda")), last

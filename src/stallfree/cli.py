@@ -21,6 +21,7 @@ from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.predict import add_parser as _predict_parser
 from stallfree.predict import cmd_predict
 from stallfree.recipe import (
+    DEVICES,
     Recipe,
     RecipeError,
     apply_overrides,
@@ -34,7 +35,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a recipe (one CPU, one GPU, or torchrun/srun)")
     p.add_argument("recipe", help="a recipe TOML, e.g. pipelines/demo.toml")
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    p.add_argument("--device", choices=DEVICES, help="training device")
     p.add_argument("--epochs", type=int, help="number of epochs")
     p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
     p.add_argument(
@@ -71,14 +72,19 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="the val accuracy of a checkpoint (top-1/top-5; torchrun too)")
-    p.add_argument("recipe", help="the recipe the checkpoint was trained with")
+    p.add_argument(
+        "recipe",
+        nargs="?",
+        help="a recipe whose val data to read (default: the checkpoint's own recipe); its model, "
+        "classes, sizes and normalisation must be the checkpoint's",
+    )
     p.add_argument(
         "--checkpoint",
         required=True,
         help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)",
     )
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device")
+    p.add_argument("--device", choices=DEVICES, help="device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
 
@@ -124,13 +130,7 @@ def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
     """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides;
     `paths`: check the files it names too. Torch-free, so a mistake is said at once."""
     recipe = load_recipe(args.recipe)
-    overrides = list(args.overrides)
-    if args.loader:
-        overrides.insert(0, f"loader.backend={args.loader}")
-    if args.device:
-        overrides.insert(0, f"train.device={args.device}")
-    if getattr(args, "epochs", None) is not None:
-        overrides.insert(0, f"train.epochs={args.epochs}")
+    overrides = flag_overrides(args)
     recipe = apply_overrides(recipe, overrides)
     try:  # the rules across keys, checked here so that the message says where the recipe came from
         validate(recipe)
@@ -140,6 +140,18 @@ def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
         flags = " with its flags and --set overrides" if overrides else ""
         raise RecipeError(f"{args.recipe}{flags}: {exc}") from exc
     return recipe
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The flags (--loader, --device, --epochs) as overrides, then the --set ones."""
+    overrides = list(args.overrides)
+    if args.loader:
+        overrides.insert(0, f"loader.backend={args.loader}")
+    if args.device:
+        overrides.insert(0, f"train.device={args.device}")
+    if getattr(args, "epochs", None) is not None:
+        overrides.insert(0, f"train.epochs={args.epochs}")
+    return overrides
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -185,7 +197,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(
             f"{out}: "
             + ", ".join(
-                f"{k}={_fmt(v)}"
+                f"{k}={_fmt(k, v)}"
                 for k, v in summary.items()
                 if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")
             )
@@ -194,10 +206,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    recipe = resolve_recipe(args, paths=True)  # before torch's import: said at once
+    # A recipe given is checked before torch's import (said at once); none: the checkpoint's own.
+    recipe = resolve_recipe(args, paths=True) if args.recipe else None
     from stallfree.train.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(recipe, args.checkpoint)
+    result = evaluate_checkpoint(
+        recipe, args.checkpoint, overrides=flag_overrides(args), given=args.recipe or ""
+    )
     if _rank() == 0:
         if args.json:
             print(json.dumps(result))
@@ -216,21 +231,46 @@ def cmd_compare(args: argparse.Namespace) -> int:
         path = Path(run) / "summary.json"
         if not path.is_file():
             raise RunDirError(f"{path} not found; is {run} a finished run directory?")
-        rows.append((run, json.loads(path.read_text())))
-    header = f"{'run':<28} {'loader':<10} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} {'wall s':>8}"
+        rows.append((run, json.loads(path.read_text()), _data_source(Path(run))))
+    header = (
+        f"{'run':<28} {'loader':<10} {'data':<13} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} "
+        f"{'wall s':>8}"
+    )
     print(header)
     print("-" * len(header))
-    for run, s in rows:
+    for run, s, source in rows:
         print(
-            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {_fmt(s.get('images_per_s')):>8} "
-            f"{_pct(s.get('data_wait_frac')):>10} {_fmt(s.get('val_top1')):>10} {_fmt(s.get('wall_s')):>8}"
+            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {source:<13} "
+            f"{_fmt('images_per_s', s.get('images_per_s')):>8} "
+            f"{_pct(s.get('data_wait_frac')):>10} "
+            f"{_fmt('val_top1', s.get('val_top1')):>10} {_fmt('wall_s', s.get('wall_s')):>8}"
         )
     return 0
 
 
-def _fmt(value: object) -> str:
+def _data_source(run: Path) -> str:
+    """Where a run read its data, from its recipe.toml: "s3 folders", "local tar", "synthetic"."""
+    from stallfree.data.readers.store import is_remote
+    from stallfree.recipe import tomllib
+
+    try:
+        recipe = tomllib.loads((run / "recipe.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return "?"
+    data, backend = recipe.get("data", {}), BACKENDS.get(recipe.get("loader", {}).get("backend", ""))
+    root = str(data.get("root", ""))
+    if not root or (backend is not None and not backend.needs_data):
+        return "synthetic"
+    return f"{'s3' if is_remote(root) else 'local'} {'tar' if data.get('format') == 'tar' else 'folders'}"
+
+
+# One format per figure, so that a column of `compare` lines up (and train's last line agrees).
+_FORMATS = {"images_per_s": "{:.1f}", "data_wait_frac": "{:.4f}", "val_top1": "{:.4f}", "wall_s": "{:.1f}"}
+
+
+def _fmt(key: str, value: object) -> str:
     if isinstance(value, float):
-        return f"{value:.4f}" if value < 10 else f"{value:.1f}"
+        return _FORMATS.get(key, "{:.4g}").format(value)
     return "-" if value is None else str(value)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.errors import StallfreeError
+from stallfree.recipe import DEVICES
 
 # Exit code when some inputs could not be predicted (the others were).
 SOME_FAILED_EXIT_CODE = 1
@@ -48,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5, at most all)")
     p.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
+    p.add_argument(
+        "--device", default="auto", choices=DEVICES, help="cuda, cpu or auto (default: cuda when available)"
+    )
     p.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
 
 
@@ -88,15 +92,18 @@ def pick_checkpoint(path: str | Path) -> tuple[Path, str]:
     return resolve_checkpoint(path), "as given"
 
 
-def image_paths(inputs: list[str]) -> list[str]:
-    """Files as given (whatever their extension), folders walked for image files, sorted."""
+def image_paths(inputs: list[str]) -> tuple[list[str], list[str]]:
+    """(files as given, whatever their extension, and folders' image files, sorted; the folders
+    that hold no image file, which are failed inputs rather than silently nothing)."""
     from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 
     found: list[str] = []
+    empty: list[str] = []
     for item in inputs:
         if not os.path.isdir(item):
             found.append(item)  # a missing file is reported with the other failures
             continue
+        before = len(found)
         for folder, dirs, files in os.walk(item):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             found += [
@@ -104,7 +111,15 @@ def image_paths(inputs: list[str]) -> list[str]:
                 for f in sorted(files)
                 if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS
             ]
-    return found
+        if len(found) == before:
+            empty.append(item)
+    return found, empty
+
+
+def _no_images() -> str:
+    from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+
+    return f"no image files in this folder or below it ({', '.join(sorted(IMAGE_EXTENSIONS))})"
 
 
 class Predictor:
@@ -189,10 +204,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.top_k < 1 or args.batch_size < 1:
         raise PredictError("--top-k and --batch-size must be at least 1")
     path, why = pick_checkpoint(args.checkpoint)
+    paths, empty = image_paths(args.inputs)
+    if not paths:
+        raise PredictError(f"{', '.join(empty)}: {_no_images()}; pass images or folders holding them")
     LOGGER.info(f"predicting with {path} ({why})")
     predictor = Predictor(path, resolve_device(args.device, DistInfo()), ema=args.ema)
     failed = 0
-    for result in predictor.predict(image_paths(args.inputs), args.top_k, args.batch_size):
+    empties = [Prediction(folder, error=_no_images()) for folder in empty]
+    for result in itertools.chain(empties, predictor.predict(paths, args.top_k, args.batch_size)):
         if result.error:
             failed += 1
             if not args.json:

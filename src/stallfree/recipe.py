@@ -26,6 +26,8 @@ else:  # Python 3.10 (NVIDIA containers of 2024): the same parser, packaged as t
 
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = typing.get_args(Device)  # train.device and every command's --device
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS
 
 
@@ -151,7 +153,7 @@ class TrainConfig:
     # fits. The global batch, the samples and the loader positions stay as they are.
     micro_batch: int | Literal["auto"] = field(default=0, metadata=at_least(0))
     max_nonfinite_steps: int = field(default=10, metadata=at_least(1))
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = "auto"
     ckpt_every_steps: int = field(default=0, metadata=at_least(0))  # 0: at epoch ends only
     # >= 2: a crash in the middle of a save must leave one good checkpoint.
     keep_checkpoints: int = field(default=3, metadata=at_least(2))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from stallfree.bench.variants import BENCH_VARIANTS
-from stallfree.recipe import RecipeError, apply_overrides, load_recipe
+from stallfree.recipe import DEVICES, RecipeError, apply_overrides, load_recipe
 
 
 def _int_list(text: str) -> list[int]:
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="LOADS",
         help="dali nvJPEG hardware-decoder share sweep, e.g. 0.12,0.65,0.9",
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    p.add_argument("--device", choices=DEVICES, help="training device")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
 
 

@@ -84,7 +84,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         photo_like=args.photo_like,
         progress=show_progress(not args.no_progress),
     )
-    print(f"wrote demo data to {out}")
+    print(f"demo data ready in {out}")
     return 0
 
 

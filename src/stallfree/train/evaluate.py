@@ -6,6 +6,7 @@ sample count are the same on 1 and on N ranks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,27 @@ from stallfree.train.build import prepare
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
+from stallfree.train.recipe_match import checkpoint_recipe, hold_to_checkpoint, own_recipe
 
 
-def evaluate_checkpoint(recipe: Recipe, checkpoint: str | Path) -> dict[str, Any]:
+def evaluate_checkpoint(
+    recipe: Recipe | None, checkpoint: str | Path, *, overrides: Sequence[str] = (), given: str = ""
+) -> dict[str, Any]:
     """Load the checkpoint's weights into the recipe's model and evaluate the val split
-    (top-1, top-5, the mean cross-entropy without label smoothing, and the samples read)."""
+    (top-1, top-5, the mean cross-entropy without label smoothing, and the samples read).
+
+    `recipe` None: the checkpoint's own, with `overrides`; a recipe (from the file `given`) is
+    held to the checkpoint's: classes, their names, sizes and normalisation (recipe_match)."""
     dist = DistInfo.from_env()
-    ctx = prepare(recipe, dist)
-    recipe, device = ctx.recipe, ctx.device
     checkpoint = resolve_checkpoint(checkpoint)
     state = load_checkpoint(checkpoint)
+    if recipe is None:
+        recipe = own_recipe(checkpoint_recipe(state, checkpoint), overrides, checkpoint)
+    else:  # held to the checkpoint as strictly as a file (a Python caller passes none)
+        given = given or "the recipe given"
+    ctx = prepare(recipe, dist)
+    recipe, device = ctx.recipe, ctx.device
+    hold_to_checkpoint(recipe, ctx.num_classes, ctx.class_names, state, checkpoint, given=given)
     init_distributed(dist, device)
     loader = ctx.loader("val")
     try:

@@ -8,12 +8,17 @@ few grayscale files. Not trivially separable by colour or texture statistics alo
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from tqdm import tqdm
+
+from stallfree.data.tools.staging import fresh_folder, move_into_place
+from stallfree.errors import StallfreeError
+from stallfree.log import LOGGER
 
 Color = tuple[int, int, int]
 # draw(canvas, cx, cy, radius, rotation, colour, background colour)
@@ -96,6 +101,7 @@ CLASSES: dict[str, Shape] = {
     "checker": _checker,
 }
 SPLITS = {"train": 0, "val": 1}
+COMPLETE = ".complete"  # written last: the demo's settings, and that every file is there
 
 
 def _random_color(rng: np.random.Generator) -> Color:
@@ -170,20 +176,55 @@ def write_demo(
     scale: float = 1.0,
 ) -> Path:
     """Write `out/{train,val}/<class>/*.jpg` and mark it complete with `out/.complete`
-    (`scale`: a smaller short side, see `draw_image`)."""
+    (`scale`: a smaller short side, see `draw_image`). OUT must be new or empty, or hold this
+    very demo already (then nothing is written); the files are written beside it and renamed
+    into place, so an interrupted demo leaves nothing at OUT."""
     out = Path(out)
+    stamp = f"seed={seed} train={train_per_class} val={val_per_class} photo_like={photo_like}\n"
+    if _holds_demo(out, stamp):
+        LOGGER.info(f"{out} already holds this demo ({stamp.strip()}): nothing to write")
+        return out
     counts = {"train": train_per_class, "val": val_per_class}
     jobs = [(split, c, i) for split in SPLITS for c in range(len(CLASSES)) for i in range(counts[split])]
     names = list(CLASSES)
-    for split, c, i in tqdm(jobs, desc=f"demo data -> {out}", disable=not progress, unit="img"):
-        rng = np.random.default_rng([seed, SPLITS[split], c, i])
-        img = draw_image(c, rng, photo_like, scale)
-        if gray_every and i % gray_every == gray_every - 1:
-            img = img.convert("L")
-        path = out / split / names[c] / f"{names[c]}_{i:05d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        img.save(path, quality=int(rng.integers(75, 96) if photo_like else rng.integers(80, 96)))
-    (out / ".complete").write_text(
-        f"seed={seed} train={train_per_class} val={val_per_class} photo_like={photo_like}\n"
-    )
+    staging = fresh_folder(out.absolute().parent, f".{out.name}.demo-")
+    try:
+        for split, c, i in tqdm(jobs, desc=f"demo data -> {out}", disable=not progress, unit="img"):
+            rng = np.random.default_rng([seed, SPLITS[split], c, i])
+            img = draw_image(c, rng, photo_like, scale)
+            if gray_every and i % gray_every == gray_every - 1:
+                img = img.convert("L")
+            path = staging / split / names[c] / f"{names[c]}_{i:05d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            img.save(path, quality=int(rng.integers(75, 96) if photo_like else rng.integers(80, 96)))
+        (staging / COMPLETE).write_text(stamp)
+        move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return out
+
+
+def _holds_demo(out: Path, stamp: str) -> bool:
+    """True when OUT is this demo, complete; False when it is absent or empty; else refused:
+    a demo is never merged into another dataset, nor into a demo of other settings."""
+    if out.exists() and not out.is_dir():
+        raise DemoError(f"{out} is a file; pass a folder (new, or empty) for the demo data")
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+    done = out / COMPLETE
+    if not done.is_file():
+        raise DemoError(
+            f"{out} is not empty and holds no demo of ours ({COMPLETE} missing): write the demo "
+            "into a new or empty folder, or remove this one first"
+        )
+    if done.read_text() != stamp:
+        raise DemoError(
+            f"{out} holds a demo of other settings ({done.read_text().strip()}), not "
+            f"{stamp.strip()}: write this one into another folder, or remove {out} first"
+        )
+    return True
+
+
+class DemoError(StallfreeError, ValueError):
+    """An output folder `data demo` cannot write into; the message names it and the fix."""

@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import tarfile
-import tempfile
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.listing import SPLITS
 from stallfree.data.readers.tarshards import FORMAT, MANIFEST, RangedFile, index_text
+from stallfree.data.tools.staging import fresh_folder, move_into_place
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 
@@ -171,9 +171,7 @@ def pack_dataset(
                 "labels": [label for _, label in samples],
             }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.is_dir():
-            out.rmdir()  # empty (checked first): rename needs it gone
-        os.rename(staging, out)
+        move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -202,8 +200,7 @@ def _staging(out: Path) -> Path:
             )
     try:
         # Named with its host and process, so the next pack can tell a dead one's leftovers.
-        prefix = f".{out.name}.packing-{os.getpid()}@{socket.gethostname()}-"
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        return fresh_folder(parent, f".{out.name}.packing-{os.getpid()}@{socket.gethostname()}-")
     except OSError as exc:
         raise PackError(
             f"cannot write in {parent} ({exc.strerror or exc}); choose another output folder"
