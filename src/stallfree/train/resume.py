@@ -15,7 +15,14 @@ from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
-from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state, set_rng_state
+from stallfree.train.checkpoint import (
+    LATEST,
+    Checkpointer,
+    latest_target,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+)
 from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.distributed import gather_objects
 from stallfree.train.trainer import Trainer
@@ -226,6 +233,8 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
         latest = checkpointer.load_latest()
         return ResumePoint(*latest) if latest is not None else None
     path = Path(resume)
+    if path.name == LATEST and path.is_file():
+        path = latest_target(path)  # the newest checkpoint, as eval, predict and export read it
     if path.is_dir():
         raise ResumeError(
             f"--resume {path} is a directory; pass a checkpoint file "
