@@ -42,8 +42,9 @@ class StepTimer:
 
     def lap(self) -> tuple[float, float]:
         """(wall seconds, waiting seconds) since the last lap; starts a new lap."""
-        wall, wait = self.elapsed()
-        self._start, self.wait_s = time.perf_counter(), 0.0
+        now = time.perf_counter()
+        wall, wait = now - self._start, self.wait_s
+        self._start, self.wait_s = now, 0.0
         return wall, wait
 
 
