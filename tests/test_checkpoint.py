@@ -78,6 +78,60 @@ def test_pickled_objects_are_refused(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
+def _torchscript(path: Path) -> None:
+    torch.jit.script(torch.nn.Linear(2, 2)).save(str(path))  # what `stallfree export` writes
+
+
+@pytest.mark.parametrize(
+    ("write", "what"),
+    [
+        (lambda p: p.write_text("junk\n"), "is a text file"),
+        (lambda p: p.write_text("hello, world\n"), "is a text file"),
+        (lambda p: p.write_bytes(b"\0" * 4096), "is zero-filled"),
+        (lambda p: p.write_bytes(bytes(range(7, 256)) * 16), "is truncated or corrupt"),
+        (lambda p: p.write_bytes(b""), "is truncated or corrupt"),
+        (_torchscript, "is a TorchScript export"),
+    ],
+    ids=["junk", "text", "zeros", "binary", "empty", "torchscript"],
+)
+def test_a_file_posing_as_the_newest_checkpoint_is_named_and_skipped(
+    tmp_path: Path, write: Callable[[Path], object], what: str
+) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(_state(1.0), 1)
+    write(tmp_path / "ckpt-000000021.pt")
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tmp_path / "ckpt-000000021.pt")
+    message = str(refused.value)
+    assert f"ckpt-000000021.pt {what}" in message, message
+    assert "\n" not in message and "weights_only" not in message, message  # one line, ours
+    with pytest.warns(UserWarning, match=f"ckpt-000000021.pt {what}.*next older"):
+        state, path = ckpt.load_latest()
+    assert path.name == "ckpt-000000001.pt" and float(state["model"]["w"][0]) == 1.0
+
+
+def test_commands_name_a_file_that_is_no_checkpoint(
+    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """predict, eval and export on a text file: exit 2 and one line naming it, no traceback."""
+    from stallfree.cli import main
+    from stallfree.recipe import dump_toml
+
+    junk = tmp_path / "ckpt-000000021.pt"
+    junk.write_text("junk\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dump_toml(small_recipe(image_root)))
+    image = str(next((image_root / "val").rglob("*.jpg")))
+    for argv in (
+        ["predict", str(junk), image],
+        ["eval", str(recipe), "--checkpoint", str(junk)],
+        ["export", str(junk), "--out", str(tmp_path / "export")],
+    ):
+        assert main(argv) == 2, argv
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and f"{junk} is a text file" in errors[0], (argv, errors)
+
+
 def _resume_recipe(root: Path, backend: str):
     # 60 images / batch 8 = 7 batches; accum 2 -> windows 2,2,2,1 = 4 optimizer steps an epoch.
     return small_recipe(
@@ -329,3 +383,36 @@ def test_export_and_fine_tune_from_a_run(
     with pytest.warns(UserWarning, match="head.3.bias, head.3.weight differ in shape"):
         summary = train(tuned, tmp_path / "tuned", progress=False)
     assert summary["optimizer_steps"] == 7
+
+
+def test_every_command_reads_a_run_directory_alike(
+    image_root: Path, tmp_path: Path, full_run: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory means one file for predict, eval and export (its best.pt), said on
+    stderr; `checkpoints/latest` is accepted by them and by `train --resume`."""
+    from stallfree.cli import main
+    from stallfree.recipe import dump_toml
+
+    full = full_run("torch")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dump_toml(_resume_recipe(image_root, "torch")))
+    image = str(next((image_root / "val").rglob("*.jpg")))
+    best, latest = full / "checkpoints" / "best.pt", full / "checkpoints" / "latest"
+    for target, chosen in (
+        (full, best),
+        (full / "checkpoints", best),
+        (latest, full / "checkpoints" / "ckpt-000000008.pt"),
+    ):
+        for argv in (
+            ["predict", str(target), image],
+            ["eval", str(recipe), "--checkpoint", str(target)],
+            ["export", str(target), "--out", str(tmp_path / "export")],
+        ):
+            assert main(argv) == 0, argv
+            assert str(chosen) in capsys.readouterr().err, argv
+    run = tmp_path / "run"
+    shutil.copytree(full, run)
+    summary = train(
+        _resume_recipe(image_root, "torch"), run, progress=False, resume=str(run / "checkpoints" / "latest")
+    )
+    assert summary["optimizer_steps"] == 8  # the finished run, found through `latest`

@@ -354,3 +354,14 @@ def test_the_summary_after_a_requeue_sums_every_segment(
         summary["images_per_s"],
     ) == (14, True, pytest.approx(sum(r["images"] for r in timed) / sum(r["interval_s"] for r in timed)))
     assert summary["images"] == sum(r["images"] for r in timed) and summary["segments"] == 2
+    # Step 3 was mid-interval: the resumed records and counters are an uninterrupted run's.
+    straight = train(recipe, tmp_path / "straight", progress=False)
+    clock = ("images_per_s", "data_wait_frac", "interval_s", "wall_s", "train_s", "segments")
+
+    def untimed(path: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in clock} for r in rows]
+
+    assert untimed(run) == untimed(tmp_path / "straight")
+    counters = ("images", "optimizer_steps", "skipped_steps", "val_top1", "val_loss")
+    assert {k: summary[k] for k in counters} == {k: straight[k] for k in counters}

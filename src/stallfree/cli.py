@@ -50,7 +50,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
         "--resume",
         metavar="auto|PATH",
         help="continue from a checkpoint: 'auto' takes the newest one in OUT/checkpoints "
-        "that loads (or starts fresh if there is none)",
+        "that loads (or starts fresh if there is none); or a ckpt-<step>.pt, or "
+        "OUT/checkpoints/latest",
     )
     p.add_argument(
         "--force",
@@ -81,7 +82,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--checkpoint",
         required=True,
-        help="a ckpt-<step>.pt file, a run directory or its checkpoints/latest (the newest)",
+        help="a ckpt-<step>.pt, a best.pt, checkpoints/latest (the newest) or a run directory "
+        "(its best.pt, else its newest checkpoint; stderr says which)",
     )
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=DEVICES, help="device")

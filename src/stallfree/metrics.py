@@ -1,5 +1,5 @@
-"""Timers, monitors, the log interval's sums and sinks: data-wait accounting, GPU metrics,
-metrics.jsonl, summary.json, optional TensorBoard."""
+"""Monitors, sinks and run totals: GPU metrics, metrics.jsonl, summary.json, optional
+TensorBoard (a log interval's sums and clock: train/interval.py)."""
 
 from __future__ import annotations
 
@@ -8,45 +8,11 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, cast
 
 from stallfree.log import LOGGER
-
-if TYPE_CHECKING:
-    import torch
-
-T = TypeVar("T")
-
-
-class StepTimer:
-    """Splits wall time into time blocked waiting for the next batch and everything else."""
-
-    def __init__(self) -> None:
-        self.wait_s = 0.0
-        self._start = time.perf_counter()
-
-    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
-        """Yield from `iterable`, adding the time each `next()` blocks to `wait_s`."""
-        iterator = iter(iterable)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                self.wait_s += time.perf_counter() - t0
-                return
-            self.wait_s += time.perf_counter() - t0
-            yield item
-
-    def lap(self) -> tuple[float, float]:
-        """(wall seconds, waiting seconds) since the last lap; starts a new lap."""
-        now = time.perf_counter()
-        wall, wait = now - self._start, self.wait_s
-        self._start, self.wait_s = now, 0.0
-        return wall, wait
 
 
 class GpuMonitor:
@@ -295,50 +261,6 @@ class SinkSet:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-
-
-@dataclass(slots=True)
-class LogWindow:
-    """Device-side sums between two log records: read (one host sync) only when logging."""
-
-    loss_sum: torch.Tensor
-    grad_norm_sum: torch.Tensor
-    samples: int = 0
-    steps: int = 0
-
-    @classmethod
-    def zeros(cls, device: torch.device) -> LogWindow:
-        import torch
-
-        zero = torch.zeros((), device=device)
-        return cls(loss_sum=zero, grad_norm_sum=zero.clone())
-
-    def record(
-        self,
-        *,
-        step: int,
-        epoch: int,
-        lr: float,
-        wall: float,
-        wait: float,
-        world_size: int,
-        skipped_steps: int,
-    ) -> dict[str, Any]:
-        """The interval's metrics record; reading the sums is the interval's host sync."""
-        images = self.samples * world_size
-        return {
-            "step": step,
-            "epoch": epoch,
-            "loss": (self.loss_sum / self.samples).item(),
-            "lr": lr,
-            "images_per_s": images / max(wall, 1e-9),
-            "data_wait_frac": wait / max(wall, 1e-9),
-            "grad_norm": (self.grad_norm_sum / max(1, self.steps)).item(),
-            "skipped_steps": skipped_steps,
-            # The interval's own totals, so a lost summary.json can be rebuilt exactly.
-            "interval_s": wall,
-            "images": images,
-        }
 
 
 @dataclass(slots=True)

@@ -76,20 +76,10 @@ class Prediction:
 
 
 def pick_checkpoint(path: str | Path) -> tuple[Path, str]:
-    """(checkpoint file, why it was chosen): a run directory's best.pt, else its newest."""
-    from stallfree.train.checkpoint import BEST, CHECKPOINTS_DIR, resolve_checkpoint
+    """(checkpoint file, why it was chosen): the rule every command reads a run by."""
+    from stallfree.train.checkpoint import choose_checkpoint
 
-    path = Path(path)
-    if not path.exists():
-        raise PredictError(
-            f"checkpoint {path} does not exist; pass a ckpt-*.pt, a best.pt or a run directory"
-        )
-    if path.is_dir():
-        for best in (path / CHECKPOINTS_DIR / BEST, path / BEST):
-            if best.is_file():
-                return best, "the run's best checkpoint"
-        return resolve_checkpoint(path), "the run's newest checkpoint (no best.pt)"
-    return resolve_checkpoint(path), "as given"
+    return choose_checkpoint(path)
 
 
 def image_paths(inputs: list[str]) -> tuple[list[str], list[str]]:

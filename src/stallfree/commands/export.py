@@ -8,7 +8,11 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `stallfree export` on the CLI's sub-parsers."""
     p = sub.add_parser("export", help="a checkpoint's weights as a state dict, TorchScript and ONNX")
-    p.add_argument("checkpoint", help="a ckpt-<step>.pt, best.pt, or a run directory (its newest)")
+    p.add_argument(
+        "checkpoint",
+        help="a ckpt-<step>.pt, best.pt, checkpoints/latest or a run directory (its best.pt, else "
+        "its newest checkpoint; stderr says which)",
+    )
     p.add_argument(
         "--out",
         required=True,

@@ -8,6 +8,7 @@ import random
 import re
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from stallfree.errors import StallfreeError
+from stallfree.log import LOGGER
 from stallfree.train.ckpt_format import upgrade
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
@@ -25,6 +27,8 @@ CHECKPOINTS_DIR = "checkpoints"
 
 class CheckpointError(StallfreeError, RuntimeError):
     """A checkpoint that cannot be read or used; the message names the file."""
+
+    hint = "pass a ckpt-<step>.pt or best.pt that `stallfree train` wrote, or its run directory"
 
 
 class Checkpointer:
@@ -82,19 +86,43 @@ class Checkpointer:
         return None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file from what a user would pass: the file, a run directory, its
-    checkpoints/ folder, or the `latest` pointer inside it (the newest checkpoint)."""
+def choose_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """(checkpoint file, why): the one rule predict, eval and export read a checkpoint by.
+
+    A run directory (or its checkpoints/ folder) means its best.pt, the weights of its best
+    epoch by val top-1 (what a run is judged and used by), else its newest ckpt-<step>.pt;
+    `latest` means the checkpoint it names; any other file itself. A resume never reads
+    best.pt: `--resume auto` takes the newest (`Checkpointer.load_latest`).
+    """
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
         folder = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+        if (folder / BEST).is_file():
+            return folder / BEST, "the run's best epoch"
         newest = Checkpointer(folder).paths()
         if not newest:
-            raise CheckpointError(f"{path} holds no checkpoint (expected {folder}/ckpt-<step>.pt)")
-        return newest[0]
-    if path.name == LATEST and path.is_file():
-        return path.parent / path.read_text().strip()
-    return path
+            raise CheckpointError(f"{path} holds no checkpoint (no {folder}/{BEST} or ckpt-<step>.pt)")
+        return newest[0], f"the run's newest checkpoint: it has no {BEST}"
+    if path.name == LATEST:
+        return latest_target(path), f"the newest checkpoint, as {path} names it"
+    return path, "as given"
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """`choose_checkpoint`'s file, said on stderr (which file, and why that one)."""
+    chosen, why = choose_checkpoint(path)
+    LOGGER.info(f"reading checkpoint {chosen} ({why})")
+    return chosen
+
+
+def latest_target(path: Path) -> Path:
+    """The checkpoint a `latest` pointer file names (beside it)."""
+    name = path.read_text(errors="replace").strip()
+    if not _NAME.match(name):
+        raise CheckpointError(f"{path} should name a ckpt-<step>.pt beside it, but reads {name[:40]!r}")
+    return path.parent / name
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -103,18 +131,61 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    what = _not_a_checkpoint(path)
+    if what is not None:
+        raise CheckpointError(f"checkpoint {path} {what}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: (\S+ \S+)", str(exc))
+        if found is None:  # torch's unpickler meets bytes that are no pickle it writes
+            raise CheckpointError(
+                f"checkpoint {path} is truncated or corrupt (it does not unpickle)"
+            ) from exc
         raise CheckpointError(
             f"checkpoint {path} holds objects outside the weights-only allow-list "
-            f"(tensors, dicts, lists, numbers, strings); refusing to unpickle it: {exc}"
+            f"(tensors, dicts, lists, numbers, strings): {found.group(1)}; refusing to unpickle it"
         ) from exc
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {exc}") from exc
+    except Exception as exc:  # a damaged file fails in torch's readers in many ways (KeyError too)
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(exc).__name__} in torch.load)"
+        ) from exc
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
     return upgrade(state, path)  # every reader sees the current format (train/ckpt_format.py)
+
+
+def _not_a_checkpoint(path: Path) -> str | None:
+    """What `path` is when its first bytes show it cannot be a checkpoint; None when it may be
+    one (torch.load decides). torch's own words for these are a KeyError from its legacy
+    reader, or advice to load with weights_only=False, which would run the file's code."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {exc.strerror or exc}") from exc
+    if not head:
+        return "is truncated or corrupt (0 bytes)"
+    if not head.strip(b"\0"):
+        return "is zero-filled (truncated or corrupt)"
+    if zipfile.is_zipfile(path) or head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return "is truncated or corrupt (an incomplete zip archive)"
+        if any(name.endswith("/constants.pkl") for name in names):
+            return "is a TorchScript export (torch.jit.save), not a checkpoint"
+        return (
+            None if any(name.endswith("data.pkl") for name in names) else "is a zip archive, not a checkpoint"
+        )
+    if head[0] == 0x80:
+        return None  # a pickle: torch's legacy format
+    text = head.decode("utf-8", "replace")
+    text = text[:-1] if len(head) == 4096 else text  # its last character may be cut in two
+    if all(c != "\ufffd" and (c.isprintable() or c in "\t\r\n") for c in text):
+        return f"is a text file (it starts {text.strip()[:30]!r}), not a checkpoint"
+    return "is truncated or corrupt (neither a zip archive nor a pickle)"
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:

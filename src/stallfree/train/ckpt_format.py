@@ -19,6 +19,8 @@ Formats:
   2  stamped with "format"; every key above present.
   3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
      on other data is refused); {} in older files: nothing to compare.
+  4  each rank's "interval": the open log interval's sums, counts and seconds (a resume
+     between two records goes on with it); empty in older files: the interval restarts.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from stallfree.errors import StallfreeError
 from stallfree.version import __version__
 
-FORMAT = 3
+FORMAT = 4
 
 
 class CheckpointFormatError(StallfreeError, ValueError):
@@ -101,4 +103,11 @@ def _to_3(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3}
+def _to_4(state: dict[str, Any]) -> dict[str, Any]:
+    empty = {"loss_sum": 0.0, "grad_norm_sum": 0.0, "samples": 0, "steps": 0, "wall_s": 0.0, "wait_s": 0.0}
+    for rank in state.get("ranks", []):
+        rank.setdefault("interval", dict(empty))  # not kept: the next record starts afresh
+    return state
+
+
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}

@@ -15,7 +15,14 @@ from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
-from stallfree.train.checkpoint import Checkpointer, load_checkpoint, rng_state, set_rng_state
+from stallfree.train.checkpoint import (
+    LATEST,
+    Checkpointer,
+    latest_target,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+)
 from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.distributed import gather_objects
 from stallfree.train.trainer import Trainer
@@ -52,12 +59,15 @@ def training_state(
 ) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
-    Loader state (with DALI's reader and RNG checkpoint) and RNG states differ per rank, so
-    every rank's are gathered; model, optimizer and schedule are the same on all ranks.
+    Loader state (with DALI's reader and RNG checkpoint), RNG states and the open log
+    interval's sums differ per rank, so every rank's are gathered; model, optimizer and
+    schedule are the same on all ranks.
     `metrics_records` is how many lines metrics.jsonl held: a resume cuts it back to them.
     `data` is `data_record` of the run's dataset (what `check_same_data` compares).
     """
-    per_rank = gather_objects({"loader": loader_state, "rng": rng_state(device)}, world_size)
+    per_rank = gather_objects(
+        {"loader": loader_state, "rng": rng_state(device), "interval": trainer.interval_state()}, world_size
+    )
     return {
         **trainer.state_dict(),
         "ranks": per_rank,
@@ -146,7 +156,7 @@ def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int, 
 
     Under another world size the loader continues from the same global sample (positions are
     counted in samples of the epoch's order); a rank the checkpoint did not have keeps its
-    freshly seeded RNGs.
+    freshly seeded RNGs. The same world size reopens each rank's log interval.
     """
     trainer.load_state_dict(state)
     ranks = state["ranks"]
@@ -154,6 +164,10 @@ def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int, 
     loader.load_state_dict((mine or ranks[0])["loader"])
     if mine is not None:
         set_rng_state(mine["rng"], device)
+    if mine is not None and len(ranks) == trainer.dist.world_size:
+        # Under another world size the interval's images were counted per rank of the old one:
+        # it is dropped, and the next record covers the steps after the resume.
+        trainer.load_interval_state(mine["interval"])
     return loader.epoch
 
 
@@ -219,6 +233,8 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
         latest = checkpointer.load_latest()
         return ResumePoint(*latest) if latest is not None else None
     path = Path(resume)
+    if path.name == LATEST and path.is_file():
+        path = latest_target(path)  # the newest checkpoint, as eval, predict and export read it
     if path.is_dir():
         raise ResumeError(
             f"--resume {path} is a directory; pass a checkpoint file "

@@ -21,10 +21,11 @@ from tqdm import tqdm
 
 from stallfree.data.loader import Batch, Loader
 from stallfree.errors import StallfreeError
-from stallfree.metrics import LogWindow, Sink, SinkSet, StepTimer, Totals
+from stallfree.metrics import Sink, SinkSet, Totals
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
 from stallfree.train.ema import ModelEma, unwrap
+from stallfree.train.interval import LogWindow, StepTimer
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
@@ -107,6 +108,7 @@ class Trainer:
         self._nonfinite_in_row = 0
         self._step_lr = 0.0  # the LR the last optimizer step used (what a log record reports)
         self._window = LogWindow.zeros(device)
+        self._timer = StepTimer()  # the current pass's (train_batches starts one per pass)
         self._stop = StopVote(self.dist, device)  # ranks agree on a requested stop
         self.totals = Totals()
         self.best_val_top1 = -1.0  # the best epoch's val top-1 (checkpointed)
@@ -258,7 +260,7 @@ class Trainer:
         hooks = hooks or TrainerHooks()
         self.model.train()
         accum = self.config.accum_steps
-        timer = StepTimer()
+        timer = self._timer = self._window.start_timer()
         total = max(total, count)
         first = total - count  # micro-batches of this epoch taken before this pass
         bar = progress_bar(self.epoch, total, first, self.config.progress and self.dist.rank == 0)
@@ -306,6 +308,14 @@ class Trainer:
         self._emit(record)
         show_interval(bar, record, self.dist.rank)
         self._window = LogWindow.zeros(self.device)
+
+    def interval_state(self) -> dict[str, Any]:
+        """This rank's open log interval (sums, counts, seconds), for a checkpoint."""
+        return self._window.state_dict(self._timer)
+
+    def load_interval_state(self, state: dict[str, Any]) -> None:
+        """Reopen the interval `interval_state` saved: the next pass goes on with it."""
+        self._window = LogWindow.from_state(state, self.device)
 
     def evaluate(self, loader: Loader) -> dict[str, float]:
         """Top-1 and top-5 accuracy over this loader, summed across ranks."""
