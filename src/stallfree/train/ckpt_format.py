@@ -14,11 +14,12 @@ Formats:
      (eval, export, init_from); a resume is refused (see `resumable`).
   1  stallfree 0.2-0.3 (unstamped): positions in samples; keys added along the way without a
      stamp: counters.best_val_top1 (0.3), totals and segments (issue 25), num_classes,
-     class_names. A 0.2 DALI state came from a file-reader pipeline (its loader state has
-     "dali_list_start").
+     class_names.
   2  stamped with "format"; every key above present.
   3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
      on other data is refused); {} in older files: nothing to compare.
+  4  a loader's state is its positions: every sample's augmentation comes from its own seed,
+     so the random state a backend once kept in it (key "dali") is dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from stallfree.errors import StallfreeError
 from stallfree.version import __version__
 
-FORMAT = 3
+FORMAT = 4
 
 
 class CheckpointFormatError(StallfreeError, ValueError):
@@ -88,10 +89,7 @@ def _to_2(state: dict[str, Any]) -> dict[str, Any]:
     state.setdefault("segments", {"wall_s": 0.0, "count": 0})
     state.setdefault("metrics_records", 0)  # 0: metrics.jsonl restarts (what 0.2 did)
     for rank in state.get("ranks", []):
-        loader = rank["loader"]
-        if loader.pop("dali_list_start", None) is not None:
-            # 0.2's DALI state is a file reader's; the external-source pipeline cannot use it.
-            loader.pop("dali", None)
+        rank["loader"].pop("dali_list_start", None)  # 0.2's; its random state goes in _to_4
     return state
 
 
@@ -101,4 +99,10 @@ def _to_3(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3}
+def _to_4(state: dict[str, Any]) -> dict[str, Any]:
+    for rank in state.get("ranks", []):
+        rank["loader"].pop("dali", None)  # the draws it continued now come from sample seeds
+    return state
+
+
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}
