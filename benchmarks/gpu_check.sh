@@ -2,7 +2,9 @@
 # GPU check, from the repository root, on one CUDA GPU (sized for an H100/H200 with 16 cores,
 # about 5 minutes), from a copied tree: nothing is built or downloaded.
 #   0. `stallfree doctor`: torch, GPUs, DALI, nvImageCodec, nvjpeg, a one-image mixed decode;
-#   1. the @pytest.mark.gpu tests (nvJPEG decoder, CUDA outputs, prefetcher, precision auto);
+#   1. the @pytest.mark.gpu tests (nvJPEG decoder, CUDA outputs, prefetcher, precision auto,
+#      the mixed training graph: nvJPEG's ROI decode of the handed crop box, the handed flip,
+#      RandAugment operations and erasing box, against the CPU graph's crops);
 #   2. a loader-only bench: dali (nvJPEG, mixed), dali-cpudecode, torch, synthetic, and the
 #      peers peer-pil and peer-torchvision (where torchvision imports);
 #   2b. the same loader bench with RandAugment: dali (DALI's GPU operators) and torch;

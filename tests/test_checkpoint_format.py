@@ -77,6 +77,20 @@ def test_upgrade_sets_the_defaults_of_keys_older_files_lack() -> None:
     assert best["format"] == FORMAT and "counters" not in best
 
 
+def test_upgrade_drops_a_loaders_own_random_state() -> None:
+    """Loaders keep positions only (each sample's draws come from its seed): a format-3 file's
+    DALI state is dropped, its positions kept."""
+    old = {
+        "format": 3,
+        "counters": {},
+        "data": {},
+        "ranks": [{"loader": {"epoch": 1, "position": 8, "dali": "{}"}}],
+    }
+    new = upgrade(old, "ckpt-000000008.pt")
+    assert new["format"] == FORMAT and new["upgraded_from"] == 3
+    assert new["ranks"][0]["loader"] == {"epoch": 1, "position": 8}
+
+
 def test_a_newer_format_is_refused_in_one_line(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -186,17 +186,17 @@ def test_one_pipeline_serves_the_whole_run(image_root: Path, monkeypatch: pytest
     reference.close()
 
 
-def test_a_stop_on_an_epochs_last_batch_resumes_the_random_stream(image_root: Path) -> None:
-    """Stopped right after an epoch's last batch (its checkpoint: that epoch, at its end, with
-    DALI's state), a resumed loader's next epoch is the uninterrupted one's, pixel for pixel."""
+def test_a_stop_on_an_epochs_last_batch_resumes_pixel_for_pixel(image_root: Path) -> None:
+    """Stopped right after an epoch's last batch (its checkpoint: that epoch, at its end), a
+    resumed loader's next epoch is the uninterrupted one's, pixel for pixel; the state holds
+    positions only (the draws come from each sample's seed)."""
     recipe = small_recipe(image_root, loader={"backend": "dali"}, augment=RAW_PIXELS)
     reference = build_loader(recipe, "train", device=CPU)
     list(reference)
-    state = reference.state_dict()
-    assert state["position"] == 0 or "dali" in state
     stopped = build_loader(recipe, "train", device=CPU)
     list(stopped)
     saved = {**stopped.state_dict(), "position": stopped.plan.position_after(0, len(stopped))}
+    assert not any("dali" in key for key in saved)
     stopped.close()
     resumed = build_loader(recipe, "train", device=CPU)
     resumed.load_state_dict(saved)

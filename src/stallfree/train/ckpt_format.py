@@ -14,13 +14,14 @@ Formats:
      (eval, export, init_from); a resume is refused (see `resumable`).
   1  stallfree 0.2-0.3 (unstamped): positions in samples; keys added along the way without a
      stamp: counters.best_val_top1 (0.3), totals and segments (issue 25), num_classes,
-     class_names. A 0.2 DALI state came from a file-reader pipeline (its loader state has
-     "dali_list_start").
+     class_names.
   2  stamped with "format"; every key above present.
   3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
      on other data is refused); {} in older files: nothing to compare.
   4  each rank's "interval": the open log interval's sums, counts and seconds (a resume
      between two records goes on with it); empty in older files: the interval restarts.
+     A loader's state is its positions: every sample's augmentation comes from its own seed,
+     so the random state a backend once kept in it (key "dali") is dropped.
 """
 
 from __future__ import annotations
@@ -90,10 +91,7 @@ def _to_2(state: dict[str, Any]) -> dict[str, Any]:
     state.setdefault("segments", {"wall_s": 0.0, "count": 0})
     state.setdefault("metrics_records", 0)  # 0: metrics.jsonl restarts (what 0.2 did)
     for rank in state.get("ranks", []):
-        loader = rank["loader"]
-        if loader.pop("dali_list_start", None) is not None:
-            # 0.2's DALI state is a file reader's; the external-source pipeline cannot use it.
-            loader.pop("dali", None)
+        rank["loader"].pop("dali_list_start", None)  # 0.2's; its random state goes in _to_4
     return state
 
 
@@ -107,6 +105,7 @@ def _to_4(state: dict[str, Any]) -> dict[str, Any]:
     empty = {"loss_sum": 0.0, "grad_norm_sum": 0.0, "samples": 0, "steps": 0, "wall_s": 0.0, "wait_s": 0.0}
     for rank in state.get("ranks", []):
         rank.setdefault("interval", dict(empty))  # not kept: the next record starts afresh
+        rank["loader"].pop("dali", None)  # the draws it continued now come from sample seeds
     return state
 
 

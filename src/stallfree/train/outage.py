@@ -55,46 +55,25 @@ def outage_as_stop() -> Iterator[None]:
 class StepMark:
     """Where the train loader stood after the last optimizer step: an outage met between the
     fetches of an accumulation window leaves the loader past micro-batches never trained on
-    (the trainer collects a window before its forwards, so nothing else moved).
+    (the trainer collects a window before its forwards, so nothing else moved). A loader's
+    state is its positions (each sample's augmentation comes from its own seed), so putting
+    them back is the whole of it."""
 
-    With `snapshot` (a run from a store, where outages happen), the loader's whole state is
-    kept at every step: DALI's random state has moved past the batches its pipeline had read
-    ahead when the store went, and a resume from that state differed from an uninterrupted run
-    (a new user's, from the step after the stop on). Its checkpoint as of the step is ~450
-    bytes and 0.02 ms to take (AMD EPYC), so every step takes one."""
-
-    def __init__(self, loader: Loader, snapshot: bool = False) -> None:
+    def __init__(self, loader: Loader) -> None:
         self.loader = loader
         self.epoch, self.position = loader.epoch, loader.position  # a resume's point, or 0
-        self.snapshot = snapshot
-        # The state a SIGTERM at this point would save: a restored one's, before any step.
-        self.state: dict[str, Any] | None = loader.state_dict() if snapshot else None
 
     def step(self) -> None:
-        """After each optimizer step (the run's on_step hook): two counters read, and with
-        `snapshot` the loader's state."""
+        """After each optimizer step (the run's on_step hook): two counters read."""
         self.epoch, self.position = self.loader.epoch, self.loader.position
-        if self.snapshot:
-            self.state = self.loader.state_dict()
 
     def loader_state(self, stop: PreemptedError | None = None) -> dict[str, Any]:
-        """The loader's state to save on `stop`; after an outage, as of the last step: the
-        snapshot where one was kept, else positions put back (they are global samples, so the
-        window's micro-batches, every rank's, are given back, and a new epoch with no step yet
-        starts at 0) and DALI's random state, which is past them, dropped: that resume starts
-        a fresh stream, in the same sample order."""
-        if isinstance(stop, StoreOutage) and self.state is not None:
-            if self.loader.epoch == self.state["epoch"]:
-                return dict(self.state)
-            # The run had moved on (validating, or the next epoch's first fetch): that epoch's
-            # start, with the random state as the last one ended (its end would validate again).
-            return {**self.state, "epoch": self.loader.epoch, "position": 0}
+        """The loader's state to save on `stop`; after an outage, as of the last step: positions
+        put back (they are global samples, so the window's micro-batches, every rank's, are
+        given back, and a new epoch with no step yet starts at 0)."""
         state = self.loader.state_dict()
         if isinstance(stop, StoreOutage):
-            position = self.position if state["epoch"] == self.epoch else 0
-            if state["position"] != position:
-                state["position"] = position
-                state.pop("dali", None)
+            state["position"] = self.position if state["epoch"] == self.epoch else 0
         return state
 
 

@@ -59,9 +59,8 @@ def training_state(
 ) -> dict[str, Any]:
     """Everything a resumed run needs to continue as if it had never stopped.
 
-    Loader state (with DALI's reader and RNG checkpoint), RNG states and the open log
-    interval's sums differ per rank, so every rank's are gathered; model, optimizer and
-    schedule are the same on all ranks.
+    Loader positions, RNG states and the open log interval's sums differ per rank, so every
+    rank's are gathered; model, optimizer and schedule are the same on all ranks.
     `metrics_records` is how many lines metrics.jsonl held: a resume cuts it back to them.
     `data` is `data_record` of the run's dataset (what `check_same_data` compares).
     """

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from stallfree.data.loader import Loader
-from stallfree.data.readers import store
 from stallfree.data.readers.folders import held_out_record
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
@@ -272,7 +271,7 @@ class TimeToGo:
             return
         if self.first_step is None:
             # The clock starts after the first step: worker and pipeline start-up (seconds
-            # for a DALI graph with a policy) is paid once, not by every step to go.
+            # for a loader's graph with a policy) is paid once, not by every step to go.
             self.first_step, self.started = self.trainer.optimizer_steps, time.perf_counter()
             return
         steps = self.trainer.optimizer_steps - self.first_step
@@ -303,8 +302,8 @@ def _run(
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
-    # The last step's loader state (an outage gives back the rest); from a store, kept whole.
-    mark = StepMark(train_loader, snapshot=store.is_remote(recipe.data.root))
+    # The last step's loader positions (an outage gives back the rest).
+    mark = StepMark(train_loader)
 
     def save(stop: PreemptedError | None = None) -> None:
         state = training_state(

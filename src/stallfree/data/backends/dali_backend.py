@@ -6,8 +6,12 @@ backend's; the bytes are read from the compact listing as they are needed (files
 members alike), so no per-sample list lives in DALI. One pipeline serves the whole run: at the
 end of an epoch the source ends, and the next epoch's iteration resets the pipeline, whose source
 then starts over in the new epoch's order (a rebuild cost ~0.5 s of start-up a epoch). It is
-rebuilt only on resume (with DALI's own checkpoint, i.e. its random state, when the shards are
-unchanged); the source restarts at the next unseen sample.
+rebuilt only on resume, where the source restarts at the next unseen sample.
+
+The graph draws nothing: each training sample's crop, flip, policy and erasing are drawn from its
+own seed by `transforms.draws.draw_train`, the torch backend's function, on the reader thread
+that checks its header (which gives the size), and handed to DALI with its bytes. Both loaders
+thus augment every sample alike, and the loader's state is its position alone.
 
 Every file's header is checked before training (DALI cannot skip a sample, and nothing else
 would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
@@ -27,15 +31,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.backends.dali_graph import DALIGenericIterator, LastBatchPolicy, image_pipeline
+from stallfree.data.backends.dali_graph import (
+    DALIGenericIterator,
+    LastBatchPolicy,
+    draw_columns,
+    image_pipeline,
+)
 from stallfree.data.backends.dali_probe import environment_problem, first_cause, first_undecodable
 from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
-from stallfree.data.readers.imageio import BadImageError, check_header
+from stallfree.data.readers.imageio import BadImageError, check_header, displayed_size
 from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, reads_in_flight, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
+from stallfree.data.sharding import sample_seeds
+from stallfree.data.transforms.draws import Draws, draw_train
 from stallfree.errors import StallfreeError, some_of
 from stallfree.log import NATIVE_STDERR
 from stallfree.parallel import cpu_workers
@@ -77,7 +88,6 @@ class DaliLoader(ShardedLoader):
         self._iterator: DALIGenericIterator | None = None
         self._ended = False  # the live pipeline finished an epoch and awaits its reset
         self._feed_start = 0  # where the source starts in the epoch's order (set before a reset)
-        self._checkpoint: str | None = None  # DALI's own state, to restore on the next build
         # Files fed per batch of the plan, in order, until the batch is taken: 0 marks a batch
         # whose every file was skipped, which DALI (no empty batches) never sees.
         self._fed: deque[int] = deque()
@@ -95,7 +105,7 @@ class DaliLoader(ShardedLoader):
         self._carried.hold(self._run_key(0, 0), first)
 
     def _build(self) -> DALIGenericIterator:
-        """The run's pipeline, starting at `position` (DALI's state from `_checkpoint`)."""
+        """The run's pipeline; its source starts at `_feed_start`."""
         spec = self.spec
         if not self._routing:  # libpng's bare warnings from DALI's threads: through the log
             NATIVE_STDERR.acquire()
@@ -109,11 +119,8 @@ class DaliLoader(ShardedLoader):
             batch_size=spec.batch_size,
             num_threads=self.threads,
             device_id=self.device_id,
-            seed=_pipeline_seed(spec.seed, self.epoch, spec.dist.rank, self.position),
             prefetch_queue_depth=max(1, spec.loader.prefetch),
-            checkpoint=self._checkpoint,
         )
-        self._checkpoint = None
         policy = LastBatchPolicy.DROP if spec.train else LastBatchPolicy.PARTIAL
         return DALIGenericIterator(
             [pipe], ["images", "labels"], size=-1, last_batch_policy=policy, auto_reset=False
@@ -122,15 +129,15 @@ class DaliLoader(ShardedLoader):
     def _listing_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self._kept is None else self._kept[ids]
 
-    def _feed(self) -> Iterator[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]]:
-        """This rank's batches of the current epoch from `_feed_start` on: bytes, labels and
-        the epoch's crop side.
+    def _feed(self) -> Iterator[list[list[np.ndarray]]]:
+        """This rank's batches of the current epoch from `_feed_start` on: bytes, labels, the
+        epoch's crop side and, in training, each sample's draws (`draw_columns`).
 
         DALI calls it anew after each reset; its body runs at the first batch DALI asks for,
         i.e. after `__iter__` has set the epoch and the start.
         """
         self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
-        side = np.array(self.spec.crop_size(self.epoch), dtype=np.float32)
+        side = self.spec.crop_size(self.epoch)
         ahead = max(1, self.spec.loader.prefetch)  # as many batches as DALI queues
         then = (self._carried, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
         carried = self._carried.take(self._run_key(self.epoch, self._feed_start))
@@ -140,16 +147,20 @@ class DaliLoader(ShardedLoader):
         started = time.perf_counter()
         for items, reads in reads_ahead:
             kept = [
-                (data, np.array([label], dtype=np.int64))
-                for (_, label), read in zip(items, reads)
-                if (data := self._screened(read)) is not None
+                (screened, np.array([item[1]], dtype=np.int64))
+                for item, read in zip(items, reads)
+                if (screened := self._screened(read)) is not None
             ]
-            images, labels = [k[0] for k in kept], [k[1] for k in kept]
             self._fed.append(len(kept))
-            if images:
+            if kept:
                 self.source_s += time.perf_counter() - started
                 self.source_batches += 1
-                yield images, labels, [side] * len(images)
+                sides = [np.array(side, dtype=np.float32)] * len(kept)
+                columns = [[k[0][0] for k in kept], [k[1] for k in kept], sides]
+                if self.spec.train:
+                    drawn = [k[0][1] for k in kept]
+                    columns += draw_columns([d for d in drawn if d is not None], side, self.spec.augment)
+                yield columns
                 started = time.perf_counter()
         self.source_s += time.perf_counter() - started
 
@@ -157,35 +168,50 @@ class DaliLoader(ShardedLoader):
         # Unshuffled (validation), every epoch's order is the same.
         return (epoch if self.shuffle else None, start)
 
-    def _plan(self, epoch: int, start: int) -> Iterator[list[tuple[str, int]]]:
-        """(path, label) of each of this rank's batches of `epoch` from sample `start` on."""
+    def _plan(self, epoch: int, start: int) -> Iterator[list[tuple[str, int, int, int]]]:
+        """(path, label, augmentation seed, crop side) of each of this rank's batches of
+        `epoch` from sample `start` on."""
         listing = self.spec.listing
         assert listing is not None
-        for ids in map(self._listing_ids, self.plan.batches(self.epoch_order(epoch)[0], start)):
-            yield list(zip(listing.paths(ids), listing.labels[ids].tolist()))
+        order, base = self.epoch_order(epoch)
+        side = self.spec.crop_size(epoch)
+        for ids in map(self._listing_ids, self.plan.batches(order, start)):
+            # Seeded by listing id, as the torch backend's samples are (invariant 2).
+            seeds = sample_seeds(base, ids).tolist()
+            yield [
+                (path, label, seed, side)
+                for path, label, seed in zip(listing.paths(ids), listing.labels[ids].tolist(), seeds)
+            ]
 
-    def _read(self, item: tuple[str, int]) -> tuple[bytes, BadImageError | None]:
-        """On a reader thread: the file's bytes, and what its header check found in them."""
-        path = item[0]
+    def _read(self, item: tuple[str, int, int, int]) -> tuple[bytes, BadImageError | None, Draws | None]:
+        """On a reader thread: the file's bytes, what its header check found in them, and (in
+        training) the sample's draws, which need the image's size from that header."""
+        path, _, seed, side = item
         data = read_bytes(path)
         try:
-            check_header(path, self.spec.max_pixels, data=data)
+            if not self.spec.train:
+                check_header(path, self.spec.max_pixels, data=data)
+                return data, None, None
+            width, height = displayed_size(path, self.spec.max_pixels, data=data)
         except BadImageError as exc:
-            return data, exc
-        return data, None
+            return data, exc, None
+        return data, None, draw_train(width, height, self.spec.augment, side, seed)
 
-    def _screened(self, read: Future[tuple[bytes, BadImageError | None]]) -> np.ndarray | None:
-        """The file's bytes once its header passed; a bad one raises, or (skip) is counted,
-        named and left out of its batch, as the torch backend's decode does. The start-up
-        check's cache cannot see a file rewritten in place, and DALI must never get a bomb."""
-        data, problem = read.result()  # a read's own error is raised here, at its sample
+    def _screened(
+        self, read: Future[tuple[bytes, BadImageError | None, Draws | None]]
+    ) -> tuple[np.ndarray, Draws | None] | None:
+        """The file's bytes (and draws) once its header passed; a bad one raises, or (skip) is
+        counted, named and left out of its batch, as the torch backend's decode does. The
+        start-up check's cache cannot see a file rewritten in place, and DALI must never get a
+        bomb."""
+        data, problem, drawn = read.result()  # a read's own error is raised here, at its sample
         if problem is not None:
             if self.spec.on_error != "skip":
                 raise problem
             self.skipped_samples += 1
             warnings.warn(f"skipped {problem.path}: {problem.reason}", stacklevel=2)
             return None
-        return np.frombuffer(data, dtype=np.uint8)
+        return np.frombuffer(data, dtype=np.uint8), drawn
 
     def __iter__(self) -> Iterator[Batch]:
         if self.batches_left() == 0:
@@ -260,8 +286,7 @@ class DaliLoader(ShardedLoader):
         """The epoch's remaining outputs, None for a batch of only skipped files. DALI's end
         of epoch is taken with the last one, not when the caller asks past it: a caller that
         takes exactly `len()` batches leaves the pipeline ready for its reset all the same
-        (else the next epoch would need a rebuild, whose fresh random state would differ from
-        a reset's)."""
+        (else the next epoch would pay for a rebuild)."""
         left, taken = self.batches_left(), 0
         while taken < left:
             if self._fed and self._fed[0] == 0:  # known before DALI is asked for more
@@ -302,31 +327,11 @@ class DaliLoader(ShardedLoader):
         if epoch != self.epoch and self._iterator is not None and not self._ended:
             # Left mid-epoch: the live pipeline holds that epoch's batches, not this one's.
             self._close_iterator()
-            self._checkpoint = None
-        # A restored checkpoint with no pipeline yet (a run stopped on an epoch's last step)
-        # is kept: it is the random state the next epoch continues from.
         super().set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self._iterator is not None and self.prefetcher is None:
-            # DALI's own checkpoint, as of the last batch yielded: every RNG of the run's one
-            # pipeline, at an epoch's end too, so that a resume continues its random stream.
-            state["dali"] = self._iterator.checkpoints()[0]
-            # (With the GPU-side prefetcher DALI is a batch ahead of `position`: its state would
-            # shift the resumed stream, so such a resume starts a fresh one; order stays exact.)
-        elif self._checkpoint is not None:  # restored, not built yet: still the run's state
-            state["dali"] = self._checkpoint
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._close_iterator()
-        # DALI's checkpoint holds its random state, which continues this rank's stream: it
-        # applies only when the shards are unchanged. (A 0.2 file's, from a file-reader
-        # pipeline, is dropped when the checkpoint is upgraded: train/ckpt_format.py.)
-        usable = "dali" in state and self.same_shards(state)
-        self._checkpoint = state["dali"] if usable else None
+        self._close_iterator()  # the next iteration builds one whose source starts there
 
     def _close_iterator(self) -> None:
         self._iterator, self._ended = None, False  # drops the pipeline, its threads and buffers
@@ -369,11 +374,6 @@ def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
     return np.array(
         [i for i, path in enumerate(spec.listing.iter_paths()) if path not in bad_files], dtype=np.int64
     )
-
-
-def _pipeline_seed(seed: int, epoch: int, rank: int, start: int) -> int:
-    # DALI wants a 32-bit-ish non-negative seed; derive it from (seed, epoch, rank, start).
-    return int(np.random.SeedSequence([seed, epoch, rank, start]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def _is_memory_error(exc: BaseException) -> bool:

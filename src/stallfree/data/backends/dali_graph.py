@@ -1,28 +1,33 @@
 """The `dali` backend's graph: one NVIDIA DALI pipeline for the GPU (nvJPEG, `mixed`) and the CPU.
 
-Decode (ROI-fused with RandomResizedCrop in training), resize, flip, the auto-augment suites,
-random erasing and normalisation, each matching the torch backend's transforms
-(`stallfree.data.transforms`). The loader that feeds and drives it is `dali_backend`. Importing
-this module raises `BackendError` with the install command where DALI is missing.
+Decode (ROI-fused with the crop in training), resize, flip, the auto-augment operations, random
+erasing and normalisation, each matching the torch backend's transforms
+(`stallfree.data.transforms`). The graph draws nothing: every random choice of a training sample
+comes with its bytes through the external source (`draw_columns`, from
+`transforms.draws.draw_train`), so both loaders crop, flip and augment each sample alike. The
+loader that feeds and drives it is `dali_backend`. Importing this module raises `BackendError`
+with the install command where DALI is missing.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from stallfree.data.loader import LoaderSpec
 from stallfree.data.registry import BackendError
-from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE
+from stallfree.data.transforms.draws import Draws
+from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE, SUITES
+from stallfree.recipe import AugmentConfig
 
 try:
-    import nvidia.dali.math as dmath
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.auto_aug import rand_augment, trivial_augment
+    from nvidia.dali.auto_aug.core import select, signed_bin
     from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 except ImportError as exc:  # only raised when --loader dali is chosen
@@ -39,11 +44,7 @@ except ImportError as exc:  # only raised when --loader dali is chosen
     ) from exc
 
 
-__all__ = ["DALIGenericIterator", "LastBatchPolicy", "image_pipeline"]
-
-# Samples feed DALI through an external source, which DALI's checkpoint does not cover; the
-# loader restarts that source at the next unseen sample itself, as the warning asks.
-warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline with external")
+__all__ = ["DALIGenericIterator", "LastBatchPolicy", "draw_columns", "image_pipeline"]
 
 # nvJPEG buffer sizes from NVIDIA's ResNet-50 example: big enough for ImageNet's largest
 # images, so buffers are allocated once instead of growing mid-run.
@@ -55,8 +56,8 @@ _GPU_DECODER_HINTS = {
 }
 
 
-# Conditionals: the auto-augment policies pick an operation per sample with `if`.
-@pipeline_def(enable_checkpointing=True, enable_conditionals=True)
+# Conditionals: the auto-augment operations are chosen per sample with `if`.
+@pipeline_def(enable_conditionals=True)
 def image_pipeline(
     *,
     source: Callable[[], Iterator[Any]],
@@ -66,23 +67,26 @@ def image_pipeline(
     raw_uint8: bool = False,
 ) -> tuple[Any, Any]:
     """Decode, crop/resize, flip, normalise. `decode_device` is "mixed" or "cpu"; `source()`
-    yields this rank's batches of one epoch as (encoded bytes, labels, crop sides): the side
-    comes with every sample, so one pipeline follows a progressive-resizing schedule.
+    yields this rank's batches of one epoch as (encoded bytes, labels, crop sides) and, in
+    training, the columns of `draw_columns`: the side comes with every sample, so one pipeline
+    follows a progressive-resizing schedule.
 
     `raw_uint8`: stop before normalising and hand uint8 HWC to the caller (a CPU graph feeding a
     GPU run: a quarter of the bytes to copy, normalised on the GPU like the torch backend's).
     """
     aug = spec.augment
+    columns = _columns(aug) if spec.train else {}
     # cycle="raise": the end of the source ends DALI's epoch, and a reset calls `source` again.
-    jpegs, label, size = fn.external_source(
+    jpegs, label, size, *drawn = fn.external_source(
         # DALI's stub omits generator functions, which it takes (its SourceKind.GENERATOR_FUNC);
         # a cast, not an ignore, as it is checked both with DALI's stub and without DALI.
         source=cast(Any, source),
-        num_outputs=3,
+        num_outputs=3 + len(columns),
         batch=True,
         cycle="raise",
-        dtype=[types.UINT8, types.INT64, types.FLOAT],
+        dtype=[types.UINT8, types.INT64, types.FLOAT, *columns.values()],
     )
+    draws = dict(zip(columns, drawn))
     # Fancy (smooth) chroma upsampling is the mixed decoder's opt-in and PIL's default: without
     # it, GPU-decoded pixels would drift from the parity measured on the CPU.
     hints = (
@@ -90,35 +94,13 @@ def image_pipeline(
         if decode_device == "mixed"
         else {}
     )
-    # Bilinear with antialiasing is what PIL's resize does: the torch backend's interpolation.
-    resize = {"interp_type": types.INTERP_LINEAR, "antialias": True}
     if spec.train:
-        # ROI decode fused with RandomResizedCrop: only the crop's pixels are decoded.
-        images = fn.decoders.image_random_crop(
-            jpegs,
-            device=decode_device,
-            output_type=types.RGB,
-            random_area=aug.scale,
-            random_aspect_ratio=aug.ratio,
-            num_attempts=10,
-            **hints,
-        )
-        if augment_on_gpu and decode_device == "cpu":
-            images = images.gpu()
-        images = fn.resize(images, resize_x=size, resize_y=size, **resize)
-        mirror = fn.random.coin_flip(probability=aug.hflip)
-        if aug.auto_augment != "none":
-            # Flip first, as the torch backend (and torchvision) do: a shear about the origin
-            # leaves its uncovered wedge on one side, which a later flip would move.
-            images = _auto_augment(fn.flip(images, horizontal=mirror), aug)
-            mirror = 0
-        if aug.random_erasing > 0:
-            images = _random_erasing(images, aug)
+        images, mirror = _train_images(jpegs, draws, size, aug, decode_device, augment_on_gpu, hints)
     else:
         images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **hints)
         if augment_on_gpu and decode_device == "cpu":
             images = images.gpu()
-        images = fn.resize(images, resize_shorter=aug.resize_size, **resize)
+        images = fn.resize(images, resize_shorter=aug.resize_size, **_RESIZE)
         mirror = 0
     if raw_uint8:
         images = fn.crop_mirror_normalize(
@@ -147,42 +129,117 @@ def image_pipeline(
     return images, label.gpu() if augment_on_gpu else label
 
 
-def _auto_augment(images: Any, aug: Any) -> Any:
-    """augment.auto_augment in the graph: DALI's own suites, with the translation range and
-    fill that `stallfree.data.transforms.policies` (the torch backend's twin) declares."""
-    common = {
-        "num_magnitude_bins": aug.magnitude_bins,
-        "shape": images.shape(),
-        "max_translate_rel": MAX_TRANSLATE[aug.auto_augment],
-        "fill_value": FILL,
-    }
+# Bilinear with antialiasing is what PIL's resize does: the torch backend's interpolation.
+_RESIZE = {"interp_type": types.INTERP_LINEAR, "antialias": True}
+
+
+def _columns(aug: AugmentConfig) -> dict[str, Any]:
+    """The training draws the source hands over after (bytes, label, side), with their types:
+    only those the graph uses (DALI warns about the others)."""
+    columns = {"anchor": types.FLOAT, "shape": types.FLOAT, "flip": types.INT32}
+    if aug.random_erasing > 0:
+        columns |= {"erase_anchor": types.FLOAT, "erase_shape": types.FLOAT}
+    return columns | {"ops": types.INT32} if aug.auto_augment != "none" else columns
+
+
+def draw_columns(drawn: list[Draws], side: int, aug: AugmentConfig) -> list[list[np.ndarray]]:
+    """A batch's draws as the source's columns of `_columns`, one array per sample each: the
+    crop's (x, y) and (w, h), the flip, the erasing box's (top, left) and (h, w) (0 x 0 when the
+    coin said no) and, with a policy, the operations as rows of (index, bin, negated)."""
+    policy, erasing = aug.auto_augment != "none", aug.random_erasing > 0
+    columns: list[list[np.ndarray]] = [[] for _ in range(3 + 2 * erasing + policy)]
+    for d in drawn:
+        left, top, w, h = d.box
+        row = [
+            np.array([left, top], np.float32),
+            np.array([w, h], np.float32),
+            np.array(int(d.flip), np.int32),
+        ]
+        if erasing:
+            e_top, e_left, e_h, e_w = d.erase or (0, 0, 0, 0)
+            if d.flip and not policy:
+                # Without a policy the flip comes last (fused into the normalisation): the box
+                # is erased where the flip will put the torch backend's.
+                e_left = side - e_left - e_w
+            row += [np.array([e_top, e_left], np.float32), np.array([e_h, e_w], np.float32)]
+        if policy:
+            row.append(np.array(d.ops, np.int32).reshape(-1, 3))
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return columns
+
+
+def _train_images(
+    jpegs: Any,
+    draws: dict[str, Any],
+    size: Any,
+    aug: AugmentConfig,
+    decode_device: str,
+    augment_on_gpu: bool,
+    hints: dict[str, Any],
+) -> tuple[Any, Any]:
+    """The crop (ROI decode: only its pixels are decoded, nvJPEG's on `mixed`), resized to the
+    side, then the policy and erasing; and the flip still to apply (0 when applied here)."""
+    images = fn.decoders.image_slice(
+        jpegs,
+        draws["anchor"],
+        draws["shape"],
+        device=decode_device,
+        output_type=types.RGB,
+        axis_names="WH",
+        normalized_anchor=False,
+        normalized_shape=False,
+        **hints,
+    )
+    if augment_on_gpu and decode_device == "cpu":
+        images = images.gpu()
+    images = fn.resize(images, resize_x=size, resize_y=size, **_RESIZE)
+    mirror = draws["flip"]
+    if "ops" in draws:
+        # Flip first, as the torch backend (and torchvision) do: a shear about the origin
+        # leaves its uncovered wedge on one side, which a later flip would move.
+        images = _apply_ops(fn.flip(images, horizontal=mirror), draws["ops"], aug)
+        mirror = 0
+    if aug.random_erasing > 0:
+        images = fn.erase(
+            images,
+            anchor=draws["erase_anchor"],
+            shape=draws["erase_shape"],
+            axis_names="HW",
+            fill_value=[float(round(m * 255)) for m in aug.mean],
+        )
+    return images, mirror
+
+
+def dali_suite(policy: str) -> list[Any]:
+    """DALI's augmentations of `policy`, in the order of `policies.SUITES[policy]` (whose
+    indices the draws carry), with its translation range."""
+    getter = (
+        rand_augment.get_rand_augment_suite
+        if policy == "randaugment"
+        else trivial_augment.get_trivial_augment_wide_suite
+    )
+    by_name = {op.name: op for op in getter(use_shape=True, max_translate_rel=MAX_TRANSLATE[policy])}
+    return [by_name[op.name] for op in SUITES[policy]]
+
+
+def _apply_ops(images: Any, ops: Any, aug: AugmentConfig) -> Any:
+    """The drawn operations (rows of `ops`: suite index, magnitude bin, negated), in order,
+    with the translation range and fill of `stallfree.data.transforms.policies`."""
+    suite = dali_suite(aug.auto_augment)
+    steps = aug.randaugment_n if aug.auto_augment == "randaugment" else 1
     with warnings.catch_warnings():
         # DALI's suites call the deprecated experimental aliases of filter and equalize, and
         # DALI forces that warning past every filter, once per operation and run.
         warnings.showwarning = lambda *args, **kwargs: None
-        if aug.auto_augment == "randaugment":
-            return rand_augment.rand_augment(images, n=aug.randaugment_n, m=aug.randaugment_m, **common)
-        return trivial_augment.trivial_augment_wide(images, **common)
-
-
-def _random_erasing(images: Any, aug: Any) -> Any:
-    """augment.random_erasing in the graph: the torch backend's `erasing_box`, drawn alike in
-    normalised coordinates (a region of size 0 when the coin says no)."""
-    area = fn.random.uniform(range=aug.erasing_scale)
-    ratio = dmath.exp(fn.random.uniform(range=[math.log(r) for r in aug.erasing_ratio]))
-    h_frac = dmath.min(dmath.sqrt(area * ratio), 1.0)
-    w_frac = dmath.min(dmath.sqrt(area / ratio), 1.0)
-    on = fn.cast(fn.random.coin_flip(probability=aug.random_erasing), dtype=types.FLOAT)
-    anchor = fn.stack(
-        fn.random.uniform(range=[0.0, 1.0]) * (1.0 - h_frac),
-        fn.random.uniform(range=[0.0, 1.0]) * (1.0 - w_frac),
-    )
-    return fn.erase(
-        images,
-        anchor=anchor,
-        shape=fn.stack(h_frac * on, w_frac * on),
-        axis_names="HW",
-        normalized_anchor=True,
-        normalized_shape=True,
-        fill_value=[float(round(m * 255)) for m in aug.mean],
-    )
+        for step in range(steps):
+            images = select(
+                suite,
+                ops[step, 0],
+                data=images,
+                magnitude_bin=signed_bin(ops[step, 1], ops[step, 2]),
+                num_magnitude_bins=aug.magnitude_bins,
+                shape=images.shape(),
+                fill_value=FILL,
+            )
+    return images

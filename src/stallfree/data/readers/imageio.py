@@ -135,6 +135,17 @@ def check_header(
     return size
 
 
+def displayed_size(
+    path: str, max_pixels: int = DEFAULT_MAX_PIXELS, *, data: bytes | None = None
+) -> tuple[int, int]:
+    """`check_header`'s check, and (width, height) as the image is displayed: after its EXIF
+    rotation, the size both loaders crop from."""
+    img, orientation = open_lazy(path, max_pixels, data=data)
+    width, height = img.size
+    img.close()
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+
+
 def bad_headers(
     paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 1
 ) -> list[BadImageError]:

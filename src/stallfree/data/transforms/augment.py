@@ -18,40 +18,23 @@ the max_pixels guard) live in `stallfree.data.readers.imageio`, shared with the 
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 
 from stallfree.data.readers.imageio import DEFAULT_MAX_PIXELS, open_rgb
 from stallfree.data.transforms.decode import decode_resized, jpeg_reduction, open_image
-from stallfree.data.transforms.policies import auto_augment
+from stallfree.data.transforms.draws import draw_train, erasing_box, random_resized_crop_box
+from stallfree.data.transforms.policies import apply_ops
 from stallfree.recipe import AugmentConfig
 
-__all__ = ["open_rgb", "random_resized_crop_box", "resized_shape", "train_transform", "val_transform"]
-
-
-def random_resized_crop_box(
-    width: int, height: int, scale: list[float], ratio: list[float], rng: random.Random
-) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params: (left, top, crop_w, crop_h)."""
-    area = width * height
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        crop_w = int(round(math.sqrt(target_area * aspect)))
-        crop_h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < crop_w <= width and 0 < crop_h <= height:
-            return rng.randint(0, width - crop_w), rng.randint(0, height - crop_h), crop_w, crop_h
-    # Fallback: the whole image, clamped to the ratio range, centered.
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        crop_w, crop_h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        crop_w, crop_h = int(round(height * ratio[1])), height
-    else:
-        crop_w, crop_h = width, height
-    return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
+__all__ = [
+    "erasing_box",
+    "open_rgb",
+    "random_resized_crop_box",
+    "resized_shape",
+    "train_transform",
+    "val_transform",
+]
 
 
 def train_transform(
@@ -69,34 +52,20 @@ def train_transform(
     is not an image both backends decode alike, or that has more than `max_pixels` pixels.
     `data`: the file's bytes when already read (the torch workers read a batch's at once).
     """
-    rng = random.Random(seed)
     opened = open_image(path, max_pixels, data)
     full_w, full_h = opened.width, opened.height
-    left, top, crop_w, crop_h = random_resized_crop_box(full_w, full_h, aug.scale, aug.ratio, rng)
-    flip = rng.random() < aug.hflip
+    drawn = draw_train(full_w, full_h, aug, side, seed)  # the DALI loader's draws too
+    left, top, crop_w, crop_h = drawn.box
     # DCT-scaled decode to the smallest size whose crop still covers `side` pixels on both axes.
     reduce = jpeg_reduction(opened, math.ceil(full_w * side / crop_w), math.ceil(full_h * side / crop_h))
-    out = decode_resized(opened, (left, top, crop_w, crop_h), side, side, flip=flip, reduce=reduce)
-    if aug.auto_augment != "none":
-        out = auto_augment(
-            out, aug.auto_augment, rng, n=aug.randaugment_n, m=aug.randaugment_m, bins=aug.magnitude_bins
-        )
-    if aug.random_erasing > 0 and rng.random() < aug.random_erasing:
+    out = decode_resized(opened, drawn.box, side, side, flip=drawn.flip, reduce=reduce)
+    if drawn.ops:
+        out = apply_ops(out, aug.auto_augment, drawn.ops, aug.magnitude_bins)
+    if drawn.erase is not None:
         out = np.array(out)  # PIL's array is read-only
-        top, left, h, w = erasing_box(side, aug, rng)
+        top, left, h, w = drawn.erase
         out[top : top + h, left : left + w] = [round(m * 255) for m in aug.mean]
     return out
-
-
-def erasing_box(size: int, aug: AugmentConfig, rng: random.Random) -> tuple[int, int, int, int]:
-    """(top, left, h, w) of a random-erasing rectangle in a size x size crop: area a share of
-    erasing_scale, log-uniform aspect ratio, clamped to the crop rather than redrawn. The DALI
-    graph draws the same quantities in the same way (normalised coordinates)."""
-    area = rng.uniform(*aug.erasing_scale)
-    ratio = math.exp(rng.uniform(math.log(aug.erasing_ratio[0]), math.log(aug.erasing_ratio[1])))
-    h_frac, w_frac = min(1.0, math.sqrt(area * ratio)), min(1.0, math.sqrt(area / ratio))
-    top_frac, left_frac = rng.random() * (1 - h_frac), rng.random() * (1 - w_frac)
-    return (round(top_frac * size), round(left_frac * size), round(h_frac * size), round(w_frac * size))
 
 
 def val_transform(

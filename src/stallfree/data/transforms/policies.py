@@ -1,11 +1,11 @@
 """RandAugment and TrivialAugmentWide for the torch backend, op for op DALI's suites.
 
-The DALI backend runs `nvidia.dali.auto_aug` (rand_augment, trivial_augment_wide) in its graph;
+The DALI backend runs the operations of `nvidia.dali.auto_aug`'s suites in its graph;
 this module is the same suites for the torch backend's workers: the same operations, magnitude
 ranges, bins, random signs and fill, applied to the uint8 crop after the flip and before
-normalising and random erasing (torchvision's and timm's order). The two loaders draw from
-different random streams, so they agree in distribution, not pixel for pixel; at a fixed
-operation and magnitude they agree to about a grey level (tests/test_autoaug.py).
+normalising and random erasing (torchvision's and timm's order). Both loaders apply the
+operations `draw_ops` drew from the sample's seed (`draws.draw_train`); at a given operation and
+magnitude they agree to about a grey level (tests/test_autoaug.py).
 
 Translations are relative to the crop's side (DALI's `shape=` form), scaled so that a 224 px
 crop gets DALI's absolute defaults: up to 100 px for RandAugment, 32 px for TrivialAugmentWide.
@@ -201,16 +201,34 @@ def apply_op(img: torch.Tensor, name: str, value: float) -> torch.Tensor:
     raise ValueError(f"unknown augmentation {name!r}; known: {[op.name for op in SUITES['randaugment']]}")
 
 
+def draw_ops(
+    policy: str, rng: random.Random, *, n: int = 2, m: int = 9, bins: int = 31
+) -> tuple[tuple[int, int, bool], ...]:
+    """RandAugment's `n` operations at bin `m`, or TrivialAugmentWide's one at a random bin,
+    drawn from `rng`: (index in SUITES[policy], magnitude bin, negated) per operation."""
+    suite = SUITES[policy]
+    drawn = []
+    for _ in range(n if policy == "randaugment" else 1):
+        index = rng.randrange(len(suite))
+        magnitude_bin = m if policy == "randaugment" else rng.randrange(bins)
+        drawn.append((index, magnitude_bin, rng.random() < 0.5))
+    return tuple(drawn)
+
+
+def apply_ops(
+    image: np.ndarray, policy: str, ops: tuple[tuple[int, int, bool], ...], bins: int
+) -> np.ndarray:
+    """A uint8 HWC crop through the operations `draw_ops` drew, in order."""
+    suite = SUITES[policy]
+    img = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    for index, magnitude_bin, negative in ops:
+        op = suite[index]
+        img = apply_op(img, op.name, op.value(magnitude_bin, bins, negative))
+    return img.permute(1, 2, 0).contiguous().numpy()
+
+
 def auto_augment(
     image: np.ndarray, policy: str, rng: random.Random, *, n: int = 2, m: int = 9, bins: int = 31
 ) -> np.ndarray:
-    """A uint8 HWC crop through RandAugment (`n` operations at bin `m`) or TrivialAugmentWide
-    (one operation at a random bin), drawn from `rng`: DALI's sampling, per sample."""
-    suite = SUITES[policy]
-    img = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
-    steps = n if policy == "randaugment" else 1
-    for _ in range(steps):
-        op = suite[rng.randrange(len(suite))]
-        magnitude_bin = m if policy == "randaugment" else rng.randrange(bins)
-        img = apply_op(img, op.name, op.value(magnitude_bin, bins, rng.random() < 0.5))
-    return img.permute(1, 2, 0).contiguous().numpy()
+    """A uint8 HWC crop through RandAugment or TrivialAugmentWide, drawn from `rng`."""
+    return apply_ops(image, policy, draw_ops(policy, rng, n=n, m=m, bins=bins), bins)
