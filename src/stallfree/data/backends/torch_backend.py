@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import signal
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -235,6 +236,10 @@ class TorchLoader(ShardedLoader):
             pin_memory=spec.device.type == "cuda",
             worker_init_fn=_worker_init if workers > 0 else None,
             persistent_workers=workers > 0,
+            # Forked on Linux, on purpose: workers share the listing page by page and start in
+            # milliseconds (spawn would pickle it to each, and re-run an unguarded script). Our
+            # reader threads import nothing lazily (register_plugins), so a fork finds no held lock.
+            multiprocessing_context="fork" if workers > 0 and sys.platform == "linux" else None,
             prefetch_factor=spec.loader.prefetch if workers > 0 else None,
             # Its own generator: starting an iterator draws the workers' base seed, which from
             # torch's global generator would shift every later draw (Dropout) after a resume.
