@@ -251,6 +251,7 @@ class TorchLoader(ShardedLoader):
         self.to_device = to_device
 
     def __iter__(self) -> Iterator[Batch]:
+        self.ensure_open()  # before iter() starts workers that no finaliser would stop
         return self._counted(self.to_device(self._screen(iter(self.dataloader))))
 
     def _screen(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -269,6 +270,7 @@ class TorchLoader(ShardedLoader):
             yield batch
 
     def close(self) -> None:
+        super().close()
         self._finalizer()
 
 
