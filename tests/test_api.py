@@ -24,11 +24,11 @@ BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 def test_public_names_and_signatures_are_the_versioned_contract() -> None:
     """What `stallfree` exports and how `loader` is called: changing either is an API change
     (a new minor version and a README note), so this test changes with it."""
-    assert sorted(stallfree.__all__) == ["Batch", "Loader", "__version__", "loader"]
+    assert sorted(stallfree.__all__) == ["Batch", "Loader", "StallfreeError", "__version__", "loader"]
     assert str(inspect.signature(stallfree.loader)) == (
         "(recipe: 'str | os.PathLike[str] | Recipe | Mapping[str, Any]', split: 'str' = 'train', *, "
         "rank: 'int | None' = None, world_size: 'int | None' = None, "
-        "device: 'str | torch.device | None' = None, overrides: 'Iterable[str]' = (), "
+        "device: 'str | torch.device | None' = None, overrides: 'str | Iterable[str]' = (), "
         "**fields: 'Any') -> 'Loader'"
     )
     assert stallfree.Batch._fields == ("images", "labels")
@@ -149,3 +149,73 @@ def test_context_manager_closes(image_root: Path, tmp_path: Path, monkeypatch: p
     with stallfree.loader(_recipe_file(image_root, tmp_path)) as loader:
         monkeypatch.setattr(loader, "close", lambda: closed.append(True))
     assert closed == [True]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_state_saved_at_an_epochs_end_resumes_at_the_next_epoch(
+    image_root: Path, tmp_path: Path, backend: str
+) -> None:
+    """The README's loop saves after an epoch's last batch; resumed as a loop does (from the
+    loader's epoch, announcing each), the next batches are the next epoch's, not a replay."""
+    path = _recipe_file(image_root, tmp_path, backend)
+    with stallfree.loader(path) as first:
+        first.set_epoch(0)
+        assert sum(1 for _ in first) == len(first) > 0
+        state = first.state_dict()
+        first.set_epoch(1)
+        straight = [b.labels.tolist() for b in first]
+    with stallfree.loader(path) as second:
+        second.load_state_dict(state)
+        resumed = []
+        for epoch in range(second.epoch, 2):
+            second.set_epoch(epoch)
+            resumed += [b.labels.tolist() for b in second]
+    assert resumed == straight
+
+
+_CLOSED = """
+import sys
+import stallfree
+from stallfree.errors import StallfreeError
+
+loader = stallfree.loader(sys.argv[1], overrides=sys.argv[2:])
+live = iter(loader)
+next(live)
+loader.close()
+for name, attempt in (("a new iteration", lambda: next(iter(loader))), ("a live one", lambda: next(live))):
+    try:
+        attempt()
+        print(name, "iterated")
+    except StallfreeError as exc:
+        print(name, "refused:", exc)
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_closed_loader_refuses_to_iterate_and_python_exits(
+    image_root: Path, tmp_path: Path, backend: str
+) -> None:
+    """Iterating a closed loader, anew or an iterator taken before close(), is one clear error;
+    the interpreter then exits (a torch loader with workers once hung at exit)."""
+    path = _recipe_file(image_root, tmp_path, backend)
+    counts = ["loader.torch.workers=1"] if backend == "torch" else ["loader.dali.threads=1"]
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSED, str(path), *counts], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("refused: " in line and "closed" in line for line in lines), lines
+
+
+def test_overrides_may_be_one_string_and_stallfree_error_is_public(image_root: Path, tmp_path: Path) -> None:
+    """`overrides="train.batch_size=5"` is that one override, not one per character; a script
+    catches every error stallfree raises as `stallfree.StallfreeError`."""
+    path = _recipe_file(image_root, tmp_path)
+    with stallfree.loader(path, overrides="train.batch_size=5") as loader:
+        assert len(loader) == 60 // 5
+    assert "StallfreeError" in stallfree.__all__
+    from stallfree import StallfreeError
+
+    with pytest.raises(StallfreeError, match="train.batch_sise"):
+        stallfree.loader(path, overrides="train.batch_sise=5")

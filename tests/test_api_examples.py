@@ -90,7 +90,8 @@ def test_readme_plain_loop_sees_the_clis_order(
     exec(compile(code, "README.md", "exec"), scope)
     (loader,) = made
     assert loader.passes == [_cli_labels(small, "train", 0), _cli_labels(small, "train", 1)]
-    assert scope["state"]["epoch"] == 1
+    # Saved after epoch 1's last batch: it resumes at epoch 2's start, not by replaying epoch 1.
+    assert (scope["state"]["epoch"], scope["state"]["position"]) == (2, 0)
 
 
 def README() -> str:

@@ -173,7 +173,7 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(
     assert loader.skipped_samples == 2  # the left-out files count, once per epoch
     loader.close()
     assert len(list((tmp_path / "cache").glob("decode-*.json"))) == 1
-    monkeypatch.setattr(startup, "_decode", None)  # a second start must not decode again
+    monkeypatch.setattr(startup, "decode_all", None)  # a second start must not decode again
     with pytest.warns(UserWarning, match="2 file.*left out"):
         again = build_loader(recipe, "train", device=torch.device("cpu"))
     assert len(again) == 5

@@ -29,10 +29,13 @@ def loader(
     rank: int | None = None,
     world_size: int | None = None,
     device: str | torch.device | None = None,
-    overrides: Iterable[str] = (),
+    overrides: str | Iterable[str] = (),
     **fields: Any,
 ) -> Loader:
-    """This rank's loader of `split`, resolved and built exactly as `stallfree train` builds it."""
+    """This rank's loader of `split`, resolved and built exactly as `stallfree train` builds it.
+
+    `overrides` are `--set` strings: a list of them, or one.
+    """
     import torch
 
     from stallfree.recipe import RecipeError, apply_overrides
@@ -44,7 +47,7 @@ def loader(
     if device is not None:
         # train.device names a kind; the exact device (an index) replaces the resolved one below.
         apply_overrides(resolved, [f"train.device={torch.device(device).type}"])
-    apply_overrides(resolved, list(overrides))
+    apply_overrides(resolved, [overrides] if isinstance(overrides, str) else list(overrides))
     _set_fields(resolved, fields)
     # The CLI's order (train/run.py): validate and resolve precision, device and backend, list
     # the dataset once, decide "auto" worker/thread counts, then build.

@@ -212,7 +212,7 @@ def run_isolated(
     """
     request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup, "batches": batches})
     code = "from stallfree.bench.run import _child_main; _child_main()"
-    try:
+    try:  # exec'd, not forked: no lock another thread holds here can reach the child
         proc = subprocess.run(
             [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=timeout_s
         )

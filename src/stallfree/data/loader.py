@@ -17,8 +17,13 @@ from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.readers.listing import Listing
 from stallfree.data.readers.startup_check import bad_headers_at_start
 from stallfree.data.sharding import ShardPlan, epoch_permutation
+from stallfree.errors import StallfreeError
 from stallfree.parallel import DistInfo
 from stallfree.recipe import DEFAULT_MAX_PIXELS, AugmentConfig, LoaderConfig
+
+
+class LoaderClosedError(StallfreeError):
+    """A closed loader was iterated: its workers and pipeline are gone."""
 
 
 class Batch(NamedTuple):
@@ -118,8 +123,19 @@ class Loader(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state saved by `state_dict`, possibly under another split or world size."""
 
-    def close(self) -> None:  # noqa: B027 - optional: loaders without workers have nothing to free
-        """Release workers and pipelines."""
+    closed = False  # set by close(): iterating again raises LoaderClosedError
+
+    def close(self) -> None:
+        """Release workers and pipelines; the loader cannot be iterated afterwards."""
+        self.closed = True
+
+    def ensure_open(self) -> None:
+        """Raise LoaderClosedError once `close()` has run (a new worker would outlive it)."""
+        if self.closed:
+            raise LoaderClosedError(
+                f"this {type(self).__name__} was closed (close(), or the end of its with block); "
+                "build another, e.g. with stallfree.loader(...), to iterate again"
+            )
 
     def __enter__(self) -> Loader:
         return self
@@ -139,6 +155,7 @@ class ShardedLoader(Loader):
         self.plan = ShardPlan(n, batch_size, dist.rank, dist.world_size, drop_last=train)
         self.shuffle, self.seed = train, seed
         self._epoch, self._start, self._taken = 0, 0, 0
+        self._finished = False  # the last iteration ran to the epoch's end
         self.skipped_samples = 0  # bad files dropped under data.on_error = "skip", this rank
 
     @property
@@ -158,18 +175,21 @@ class ShardedLoader(Loader):
     def set_epoch(self, epoch: int) -> None:
         # Keep a restored mid-epoch position when the trainer re-announces that same epoch.
         if epoch != self._epoch:
-            self._epoch, self._start, self._taken = epoch, 0, 0
+            self._epoch, self._start, self._taken, self._finished = epoch, 0, 0, False
 
     def state_dict(self) -> dict[str, Any]:
+        # Once an epoch has run to its end the loader starts it over if iterated again, but
+        # a state saved there resumes with the next epoch's start: its end was reached.
         return {
-            "epoch": self._epoch,
-            "position": self.position,
+            "epoch": self._epoch + 1 if self._finished else self._epoch,
+            "position": 0 if self._finished else self.position,
             "batch_size": self.plan.batch_size,
             "world_size": self.plan.world_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._epoch, self._start, self._taken = int(state["epoch"]), int(state["position"]), 0
+        self._finished = False
 
     def same_shards(self, state: dict[str, Any]) -> bool:
         """True when `state` was saved under this loader's micro-batch size and world size."""
@@ -190,8 +210,14 @@ class ShardedLoader(Loader):
 
     def _counted(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """Yield `batches`, advancing the position; a finished epoch goes back to its start."""
-        self._start, self._taken = self.position, 0
-        for batch in batches:
+        self.ensure_open()
+        self._start, self._taken, self._finished = self.position, 0, False
+        batches = iter(batches)
+        while True:
+            self.ensure_open()  # before asking a closed loader's stopped workers for a batch
+            batch = next(batches, None)
+            if batch is None:
+                break
             self._taken += 1
             yield batch
-        self._start, self._taken = 0, 0
+        self._start, self._taken, self._finished = 0, 0, True

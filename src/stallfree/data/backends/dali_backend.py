@@ -214,8 +214,9 @@ class DaliLoader(ShardedLoader):
         return np.frombuffer(data, dtype=np.uint8), drawn
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.batches_left() == 0:
-            self._start, self._taken = 0, 0
+        self.ensure_open()
+        if self.batches_left() == 0:  # a state saved at the epoch's end: nothing left of it
+            self._start, self._taken, self._finished = 0, 0, True
             return
         if self.position == 0:
             self.skipped_samples += self._left_out
@@ -338,6 +339,7 @@ class DaliLoader(ShardedLoader):
         self._fed.clear()
 
     def close(self) -> None:
+        super().close()
         self._close_iterator()
         self._carried.cancel()
         self._readers.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import signal
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -235,6 +236,10 @@ class TorchLoader(ShardedLoader):
             pin_memory=spec.device.type == "cuda",
             worker_init_fn=_worker_init if workers > 0 else None,
             persistent_workers=workers > 0,
+            # Forked on Linux, on purpose: workers share the listing page by page and start in
+            # milliseconds (spawn would pickle it to each, and re-run an unguarded script). Our
+            # reader threads import nothing lazily (register_plugins), so a fork finds no held lock.
+            multiprocessing_context="fork" if workers > 0 and sys.platform == "linux" else None,
             prefetch_factor=spec.loader.prefetch if workers > 0 else None,
             # Its own generator: starting an iterator draws the workers' base seed, which from
             # torch's global generator would shift every later draw (Dropout) after a resume.
@@ -246,6 +251,7 @@ class TorchLoader(ShardedLoader):
         self.to_device = to_device
 
     def __iter__(self) -> Iterator[Batch]:
+        self.ensure_open()  # before iter() starts workers that no finaliser would stop
         return self._counted(self.to_device(self._screen(iter(self.dataloader))))
 
     def _screen(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -264,6 +270,7 @@ class TorchLoader(ShardedLoader):
             yield batch
 
     def close(self) -> None:
+        super().close()
         self._finalizer()
 
 

@@ -302,6 +302,16 @@ def _pil_limit_lifted() -> Iterator[None]:
                 Image.MAX_IMAGE_PIXELS = _saved_limit
 
 
+def register_plugins() -> None:
+    """Import every PIL plugin now, in the order `Image.open` would (its common five first).
+
+    Called before reader threads start: a thread importing a plugin lazily holds that module's
+    import lock, and a DataLoader worker forked meanwhile would wait on it forever.
+    """
+    Image.preinit()
+    Image.init()
+
+
 def _reset_after_fork() -> None:
     """A forked child (a DataLoader worker) has none of the parent's threads: if one was inside
     `_pil_limit_lifted` at the fork, restore PIL's limit and start with a fresh, unheld lock."""

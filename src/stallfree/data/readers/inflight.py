@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from stallfree.data.readers import fastget
+from stallfree.data.readers.imageio import register_plugins
 from stallfree.data.readers.store import is_remote
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class ReaderPool:
         """The pool of this process."""
         if self._pool is None or self._pid != os.getpid():
             fastget.enable()  # a loader's reads: object GETs through obstore from here on
+            register_plugins()  # no reader thread imports one lazily (a fork-safe process)
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stallfree-read")
             self._pid = os.getpid()
         return self._pool

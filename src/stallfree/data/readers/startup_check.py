@@ -23,12 +23,10 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from tqdm import tqdm
-
-from stallfree.data.readers.imageio import BadImageError, bad_headers, open_rgb, rules_id
+from stallfree.data.readers.decode_pool import decode_all
+from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
 from stallfree.data.readers.listing import Listing
 from stallfree.parallel import DistInfo
 from stallfree.version import __version__
@@ -180,24 +178,6 @@ def bad_headers_at_start(
         elif dist.rank == 0:
             _write_cache(cache, key, bad)
     return [BadImageError(path, reason) for path, reason in bad.items()]
-
-
-def _decode(job: tuple[str, int]) -> str | None:
-    path, max_pixels = job
-    try:
-        open_rgb(path, max_pixels)
-    except BadImageError as exc:
-        return exc.reason
-    return None
-
-
-def decode_all(
-    paths: list[str], max_pixels: int, workers: int, *, desc: str, progress: bool
-) -> list[str | None]:
-    """Fully decode `paths` in `workers` processes: the reason each one fails, or None."""
-    with ProcessPoolExecutor(max(1, workers)) as pool:
-        reasons = pool.map(_decode, [(p, max_pixels) for p in paths], chunksize=16)
-        return list(tqdm(reasons, total=len(paths), unit="img", desc=desc, disable=not progress))
 
 
 def cached_bad_files(

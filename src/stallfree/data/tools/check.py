@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallfree.data.readers import store
+from stallfree.data.readers.decode_pool import decode_all
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError
-from stallfree.data.readers.startup_check import decode_all
 from stallfree.data.readers.webdataset import is_shard_folder
 from stallfree.data.tools.pack import file_sha256
 from stallfree.parallel import cpu_cores
