@@ -4,6 +4,7 @@ link lands, every page says what it is for, and CHANGELOG.md names the current v
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -13,14 +14,14 @@ from doc_pages import REPO, manual_pages, pages, python_blocks, shell_commands, 
 
 import stallfree
 from stallfree.cli import build_parser, resolve_recipe
-from stallfree.recipe import apply_overrides, load_recipe, validate
+from stallfree.recipe import RecipeError, apply_overrides, load_recipe, validate
 from stallfree.train.ckpt_format import FORMAT
 
 README = REPO / "README.md"
 CHANGELOG = REPO / "CHANGELOG.md"
 
 
-def _parse(argv: list[str], where: str) -> object:
+def _parse(argv: list[str], where: str) -> argparse.Namespace | None:
     try:
         return build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse's way of refusing; --help exits 0
@@ -29,16 +30,19 @@ def _parse(argv: list[str], where: str) -> object:
         raise AssertionError(f"{where}: `stallfree {shlex.join(argv)}` no longer parses") from exc
 
 
-def _check_recipe(args: object, where: str) -> None:
+def _check_recipe(args: argparse.Namespace, where: str) -> None:
     """A command's recipe file and --set keys as stallfree resolves them, without running it."""
     recipe_path = getattr(args, "recipe", None)
     if not recipe_path or not (REPO / recipe_path).is_file():
         return  # a recipe the reader writes, or eval's checkpoint recipe
-    args.recipe = str(REPO / recipe_path)  # type: ignore[attr-defined]
-    if args.command in ("train", "eval"):  # type: ignore[attr-defined]
-        resolve_recipe(args)  # type: ignore[arg-type]
-    else:  # bench: no --loader or --epochs flags
-        validate(apply_overrides(load_recipe(args.recipe), args.overrides))  # type: ignore[attr-defined]
+    args.recipe = str(REPO / recipe_path)
+    try:
+        if args.command in ("train", "eval"):
+            resolve_recipe(args)
+        else:  # bench: no --loader or --epochs flags
+            validate(apply_overrides(load_recipe(args.recipe), args.overrides))
+    except RecipeError as exc:
+        raise AssertionError(f"{where}: {exc}") from exc
 
 
 def _subcommand(argv: list[str]) -> str:
@@ -71,7 +75,8 @@ def test_a_bad_command_in_a_page_would_be_caught() -> None:
     with pytest.raises(AssertionError, match="no longer parses"):
         _parse(["train", "pipelines/demo.toml", "--loaders", "torch"], "page.md")
     args = _parse(["train", "pipelines/demo.toml", "--set", "train.batchsize=3"], "page.md")
-    with pytest.raises(ValueError, match="batchsize"):
+    assert args is not None
+    with pytest.raises(AssertionError, match="page.md: .*batchsize"):
         _check_recipe(args, "page.md")
 
 
