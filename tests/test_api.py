@@ -23,7 +23,7 @@ BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 
 def test_public_names_and_signatures_are_the_versioned_contract() -> None:
     """What `stallfree` exports and how `loader` is called: changing either is an API change
-    (a new minor version and a README note), so this test changes with it."""
+    (a new minor version and a CHANGELOG.md entry), so this test changes with it."""
     assert sorted(stallfree.__all__) == ["Batch", "Loader", "StallfreeError", "__version__", "loader"]
     assert str(inspect.signature(stallfree.loader)) == (
         "(recipe: 'str | os.PathLike[str] | Recipe | Mapping[str, Any]', split: 'str' = 'train', *, "

@@ -1,13 +1,12 @@
-"""The README's plain loop and examples/lightning_datamodule.py run as written, on both loaders,
-and see the samples `stallfree train` sees with the same recipe, in the same order; under
-torchrun each rank's share is the CLI's."""
+"""The README's plain loop (and its copy in the manual) and examples/lightning_datamodule.py run
+as written, on both loaders, and see the samples `stallfree train` sees with the same recipe, in
+the same order; under torchrun each rank's share is the CLI's."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from doc_pages import pages, python_blocks
 from test_api import BACKENDS, _cli_batches, _recipe_file
 
 import stallfree
@@ -73,8 +73,16 @@ def test_readme_plain_loop_sees_the_clis_order(
     image_root: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The README's loop, run as written from the repository root, with the recipe pointed at
-    the test data: its two epochs are the CLI's two epochs, batch by batch."""
-    (code,) = re.findall(r"<!-- plain-loop.*?-->\n```python\n(.*?)^```", README(), re.DOTALL | re.MULTILINE)
+    the test data: its two epochs are the CLI's two epochs, batch by batch. A manual page that
+    shows the loop shows the same text, so this one run covers every copy."""
+    copies = {
+        code
+        for text in pages().values()
+        for marker, code in python_blocks(text)
+        if marker.startswith("plain-loop")
+    }
+    assert len(copies) == 1, "the pages show the plain loop in different words"
+    (code,) = copies
     small, made = _small(image_root, backend), []
     real = stallfree.loader
 
@@ -92,10 +100,6 @@ def test_readme_plain_loop_sees_the_clis_order(
     assert loader.passes == [_cli_labels(small, "train", 0), _cli_labels(small, "train", 1)]
     # Saved after epoch 1's last batch: it resumes at epoch 2's start, not by replaying epoch 1.
     assert (scope["state"]["epoch"], scope["state"]["position"]) == (2, 0)
-
-
-def README() -> str:
-    return (REPO / "README.md").read_text()
 
 
 def _lightning() -> ModuleType:

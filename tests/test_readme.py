@@ -1,45 +1,30 @@
-"""The README's commands work as a new user types them: set-up, PATH, and example recipes that
-stallfree itself does not warn about."""
+"""The README's and the manual's commands work as a new user types them: set-up, PATH, and
+example recipes that stallfree itself does not warn about."""
 
 from __future__ import annotations
 
 import inspect
-import re
 import shlex
 import subprocess
-from pathlib import Path
+
+from doc_pages import REPO, bash_lines, pages, shell_commands
 
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.data.tools.demo import CLASSES, write_demo
 from stallfree.train.build import steps_per_epoch
 
-REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
 
-def _bash_blocks(text: str) -> list[list[str]]:
-    """Each ```bash block as its commands: continuation lines joined, comments dropped."""
-    blocks = []
-    for body in re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
-        joined = re.sub(r"\\\n\s*", " ", body)
-        blocks.append(
-            [
-                shlex.split(line, comments=True)
-                for line in joined.splitlines()
-                if line.strip() and not line.lstrip().startswith("#")
-            ]
-        )
-    return blocks
-
-
-def test_readme_train_examples_on_the_demo_data_run_past_their_warmup() -> None:
-    """Every `stallfree train pipelines/demo.toml ...` example, with its flags and --set values,
-    has more optimizer steps than warm-up steps (else stallfree warns that the LR never leaves
-    warm-up): checked from the recipe and the demo data's size, without training."""
+def test_train_examples_on_the_demo_data_run_past_their_warmup() -> None:
+    """Every one-process `stallfree train pipelines/demo.toml ...` example in the README and the
+    manual, with its flags and --set values, has more optimizer steps than warm-up steps (else
+    stallfree warns that the LR never leaves warm-up): checked from the recipe and the demo
+    data's size, without training."""
     train_images = len(CLASSES) * inspect.signature(write_demo).parameters["train_per_class"].default
     checked = []
-    for block in _bash_blocks(README):
-        for words in block:
+    for text in pages().values():
+        for words in shell_commands(text):
             if words[:2] != ["stallfree", "train"] or not words[2].endswith("demo.toml"):
                 continue
             args = build_parser().parse_args(words[1:])
@@ -55,7 +40,7 @@ def test_readme_train_examples_on_the_demo_data_run_past_their_warmup() -> None:
 def test_setup_is_two_commands_and_usage_starts_by_putting_stallfree_on_path() -> None:
     """`make demo` and `make test` are the set-up; the usage commands that follow need
     .venv/bin on PATH, so the README activates it before its first `stallfree` command."""
-    blocks = _bash_blocks(README)
+    blocks = bash_lines(README)
     assert blocks[0] == [["make", "demo"], ["make", "test"]]
     commands = [words for block in blocks[1:] for words in block]
     first = next(i for i, words in enumerate(commands) if words[0] == "stallfree")
@@ -79,9 +64,11 @@ def test_make_says_how_to_put_stallfree_on_path() -> None:
         assert "source .venv/bin/activate" in last, (target, done.stdout)
 
 
-def test_where_the_readme_shows_mlflow_it_says_how_to_read_the_store() -> None:
+def test_where_the_docs_show_mlflow_they_say_how_to_read_the_store() -> None:
     """MLflow 3 refuses a file store without MLFLOW_ALLOW_FILE_STORE=true, and the track extra's
-    mlflow-skinny has no `mlflow ui` (no flask): both said in the tracker's paragraph."""
-    (paragraph,) = [p for p in README.split("\n\n") if "train.trackers" in p]
+    mlflow-skinny has no `mlflow ui` (no flask): both said in the tracker's paragraph (in the
+    README or the manual page that holds it)."""
+    text = "\n\n".join(pages().values())
+    (paragraph,) = [p for p in text.split("\n\n") if "train.trackers = [" in p]
     assert "MLFLOW_ALLOW_FILE_STORE=true" in paragraph
     assert "pip install mlflow" in paragraph and "mlflow ui" in paragraph
