@@ -35,7 +35,7 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
     import warnings
 
     from stallfree.recipe import apply_overrides, load_recipe
-    from stallfree.train.build import build_trainer, prepare
+    from stallfree.train.prepare import build_trainer, prepare
 
     recipe = apply_overrides(
         load_recipe(path),

@@ -93,7 +93,7 @@ def test_a_data_check_list_needs_no_header_check(
 def test_a_finished_run_exits_before_listing_anything(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stallfree.train.build as build_module
+    import stallfree.train.prepare as build_module
 
     recipe = small_recipe(image_root, train={"batch_size": 8})
     first = train(recipe, tmp_path / "run", progress=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.data.tools.demo import CLASSES, write_demo
-from stallfree.train.build import steps_per_epoch
+from stallfree.train.prepare import steps_per_epoch
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -29,7 +29,7 @@ from stallfree.train.interval import LogWindow, StepTimer
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
-from stallfree.train.report import progress_bar, say_validation, show_interval
+from stallfree.train.progress import progress_bar, say_validation, show_interval
 from stallfree.train.stopvote import StopVote
 
 
