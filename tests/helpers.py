@@ -173,7 +173,7 @@ def stop_after(steps: int) -> type:
     """A StopSignal whose flag reads SIGTERM from the trainer's `steps`-th check on (it checks
     once after every optimizer step): a stop as a scheduler sends it, at a known step. Patch it
     over `stallfree.train.run.StopSignal`."""
-    from stallfree.train.resume import StopSignal
+    from stallfree.train.signals import StopSignal
 
     class StopAfter(StopSignal):
         checks = 0

@@ -180,7 +180,7 @@ def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Pa
 def test_a_stop_signal_during_start_up_is_kept_for_the_first_step() -> None:
     import signal
 
-    from stallfree.train.resume import StopSignal
+    from stallfree.train.signals import StopSignal
 
     previous = signal.getsignal(signal.SIGUSR1)
     with StopSignal((signal.SIGUSR1,)) as outer:  # what `stallfree train` holds from its start

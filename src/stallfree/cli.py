@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from stallfree.commands import predict as _predict
 from stallfree.commands.compare import format_figure
 from stallfree.data.readers.paths import check_paths
 from stallfree.data.registry import AUTO, BACKENDS
-from stallfree.errors import StallfreeError
+from stallfree.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import (
     DEVICES,
@@ -29,6 +28,7 @@ from stallfree.recipe import (
     load_recipe,
     validate,
 )
+from stallfree.train.signals import remember_early_stops, start_up_stop
 from stallfree.version import __version__
 
 
@@ -160,20 +160,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     # torch-heavy imports (seconds) only once the recipe and its paths have passed
-    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StopSignal
     from stallfree.train.run import train
     from stallfree.train.slurm import maybe_requeue
     from stallfree.train.trainer import PreemptedError
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{stamp}"
-    # Slurm's SIGUSR1 ("time is nearly up") during start-up (imports, listing, checks) is kept
-    # and honoured after the first step: save, then requeue; one after the run has finished is
-    # only remembered (main's handler), so the job does not end "killed by signal". SIGTERM and
-    # Ctrl-C during start-up stop at once: there is nothing new to save yet.
+    # Slurm's SIGUSR1 ("time is nearly up") during start-up is honoured after the first step:
+    # save, then requeue; one after the run has finished is only remembered (main's handler).
     try:
-        with StopSignal((signal.SIGUSR1,)) as early:
-            early.requested = early.requested or (_early_signals[0] if _early_signals else None)
+        with start_up_stop():
             summary = train(
                 recipe,
                 out,
@@ -247,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
     # First thing: SIGUSR1 is Slurm's "time is nearly up"; its default action would kill the
     # process before `train` installs the handler that saves, e.g. while torch imports.
-    signal.signal(signal.SIGUSR1, _remember_usr1)
+    remember_early_stops()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # a bare `stallfree`: what it does and where to start
@@ -266,13 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" ({exc.hint})" if exc.hint else ""
         LOGGER.error(f"error: {exc}{hint}")
         return exc.exit_code
-
-
-_early_signals: list[str] = []  # SIGUSR1s that came before train's own handler was in place
-
-
-def _remember_usr1(signum: int, frame: object) -> None:
-    _early_signals.append(signal.Signals(signum).name)
 
 
 def _rank() -> int:

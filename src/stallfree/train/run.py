@@ -37,7 +37,6 @@ from stallfree.train.prepare import RunContext, build_trainer, prepare_recipe, s
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import (
     ResumePoint,
-    StopSignal,
     best_state,
     check_compatible,
     check_same_data,
@@ -47,6 +46,7 @@ from stallfree.train.resume import (
     training_state,
 )
 from stallfree.train.rundir import RunDir
+from stallfree.train.signals import StopSignal
 from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
 
 
