@@ -78,7 +78,7 @@ def measure(
     size: int = 96,
 ) -> dict[str, Any]:
     """One `measure_loader` run: images/s (and DALI's time in its source, where it reports it)."""
-    from stallfree.bench.run import measure_loader
+    from stallfree.bench.runner import measure_loader
     from stallfree.recipe import recipe_from_dict
 
     recipe = recipe_from_dict(

@@ -35,7 +35,7 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
     import warnings
 
     from stallfree.recipe import apply_overrides, load_recipe
-    from stallfree.train.build import build_trainer, prepare
+    from stallfree.train.prepare import build_trainer, prepare
 
     recipe = apply_overrides(
         load_recipe(path),
@@ -173,7 +173,7 @@ def stop_after(steps: int) -> type:
     """A StopSignal whose flag reads SIGTERM from the trainer's `steps`-th check on (it checks
     once after every optimizer step): a stop as a scheduler sends it, at a known step. Patch it
     over `stallfree.train.run.StopSignal`."""
-    from stallfree.train.resume import StopSignal
+    from stallfree.train.signals import StopSignal
 
     class StopAfter(StopSignal):
         checks = 0

@@ -16,7 +16,7 @@ from helpers import small_recipe
 import stallfree
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml, load_recipe
-from stallfree.train.build import prepare_recipe
+from stallfree.train.prepare import prepare_recipe
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 

@@ -17,7 +17,7 @@ import stallfree.data.choose as auto
 from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
-from stallfree.train.build import prepare, prepare_recipe
+from stallfree.train.prepare import prepare, prepare_recipe
 from stallfree.train.run import train
 
 CPU = torch.device("cpu")

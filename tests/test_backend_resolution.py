@@ -12,7 +12,7 @@ from helpers import small_recipe
 
 import stallfree.data.choose as choose
 import stallfree.data.registry as registry
-from stallfree.train.build import prepare
+from stallfree.train.prepare import prepare
 
 
 def test_a_run_resolves_its_backend_once(image_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from helpers import small_recipe
 from PIL import Image
 
 from stallfree.bench.report import markdown, ratios, summarise, write_report
-from stallfree.bench.run import (
+from stallfree.bench.runner import (
     BenchConfig,
     measure_bare_loop,
     measure_loader,
@@ -132,7 +132,7 @@ def test_report_writes_json_markdown_and_chart(tmp_path: Path) -> None:
 
 
 def test_the_report_names_the_augmentation_timed() -> None:
-    from stallfree.bench.run import augment_words
+    from stallfree.bench.runner import augment_words
     from stallfree.recipe import AugmentConfig
 
     assert augment_words(AugmentConfig()) == "RandomResizedCrop + flip"
@@ -259,7 +259,7 @@ def test_profile_writes_a_trace(image_root: Path, tmp_path: Path) -> None:
 
 
 def test_dali_sweeps_threads_and_hardware_decoder_load() -> None:
-    from stallfree.bench.run import _variants
+    from stallfree.bench.runner import _variants
 
     config = BenchConfig(threads=[2, 4], hw_decoder_loads=[0.12, 0.65])
     variants = dict(_variants("dali-cpudecode", config))

@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import small_recipe, train_until_logged
 
-from stallfree.errors import RunDirError
+from stallfree.errors import PREEMPTED_EXIT_CODE, RunDirError
 from stallfree.train.checkpoint import Checkpointer, CheckpointError, load_checkpoint
-from stallfree.train.resume import PREEMPTED_EXIT_CODE, ResumeError
+from stallfree.train.resume import ResumeError
 from stallfree.train.run import train
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]

@@ -93,7 +93,7 @@ def test_a_data_check_list_needs_no_header_check(
 def test_a_finished_run_exits_before_listing_anything(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stallfree.train.build as build_module
+    import stallfree.train.prepare as build_module
 
     recipe = small_recipe(image_root, train={"batch_size": 8})
     first = train(recipe, tmp_path / "run", progress=False)
@@ -180,7 +180,7 @@ def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Pa
 def test_a_stop_signal_during_start_up_is_kept_for_the_first_step() -> None:
     import signal
 
-    from stallfree.train.resume import StopSignal
+    from stallfree.train.signals import StopSignal
 
     previous = signal.getsignal(signal.SIGUSR1)
     with StopSignal((signal.SIGUSR1,)) as outer:  # what `stallfree train` holds from its start

@@ -18,7 +18,7 @@ from stallfree.data.registry import BACKENDS, BackendError, resolve, resolve_bac
 from stallfree.data.sharding import ShardPlan, epoch_permutation
 from stallfree.parallel import DistInfo
 from stallfree.recipe import RecipeError, apply_overrides
-from stallfree.train.build import prepare_recipe
+from stallfree.train.prepare import prepare_recipe
 
 BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.dali) if name == "dali" else name for name in BACKENDS]
 CPU = torch.device("cpu")

@@ -59,7 +59,7 @@ def test_class_names_travel_with_the_weights(named_run: tuple[Path, Path], tmp_p
 def test_export_json_carries_the_val_transform(named_run: tuple[Path, Path], tmp_path: Path) -> None:
     """export.json has what preprocessing outside stallfree needs: the val resize and crop
     sides, mean and std (the recipe's), beside the class names."""
-    from stallfree.train.export import export_checkpoint
+    from stallfree.train.export_weights import export_checkpoint
 
     _, run = named_run
     info = export_checkpoint(run / "checkpoints" / "best.pt", tmp_path / "x")

@@ -180,7 +180,7 @@ def test_torch_worker_keeps_reads_in_flight(image_root: Path, monkeypatch: pytes
 @pytest.mark.dali
 def test_loader_bench_reports_the_time_in_dalis_source(image_root: Path) -> None:
     """`stallfree bench --mode loader` records the training thread's time in DALI's source."""
-    from stallfree.bench.run import measure_loader
+    from stallfree.bench.runner import measure_loader
 
     dali = measure_loader(small_recipe(image_root, loader={"backend": "dali"}), warmup=1, batches=3)
     assert 0 < dali["dali_source_ms_per_batch"] < 1000 * dali["wall_s"] / 3

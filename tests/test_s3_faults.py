@@ -16,8 +16,8 @@ from s3_server import Server, need_weed, upload_tree
 
 from stallfree.cli import main
 from stallfree.data.readers import store
+from stallfree.errors import PREEMPTED_EXIT_CODE
 from stallfree.train.checkpoint import load_checkpoint
-from stallfree.train.resume import PREEMPTED_EXIT_CODE
 from stallfree.train.run import train
 
 pytestmark = pytest.mark.slow

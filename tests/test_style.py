@@ -128,3 +128,42 @@ def test_modules_stay_under_the_size_budget() -> None:
     package = ROOT / "src" / "stallfree"
     sizes = {str(p.relative_to(package)): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
     assert not {name: n for name, n in sizes.items() if n > 420}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's file name says its job in the whole package: `build.py` in two folders makes
+    a reader (and a traceback) ask which one."""
+    package = ROOT / "src" / "stallfree"
+    seen: dict[str, list[str]] = {}
+    for path in package.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(package)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_no_issue_numbers_in_the_code() -> None:
+    """Comments and docstrings say why; where a change came from belongs in its commit body
+    (a reader of the code has no tracker)."""
+    import re
+
+    cites = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "src" / "stallfree").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if cites.search(line)
+    ]
+    assert not found, found
+
+
+def test_subcommands_are_registered_by_the_cli_and_commands() -> None:
+    """One place lists the commands: `cli.py` and `commands/` (a reader looking for a
+    command's flags finds them there, not in the module that does its work)."""
+    package = ROOT / "src" / "stallfree"
+    allowed = {package / "cli.py", *(package / "commands").rglob("*.py")}
+    found = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path not in allowed and "add_parser(" in path.read_text()
+    ]
+    assert not found, found

@@ -39,7 +39,7 @@ def loader(
     import torch
 
     from stallfree.recipe import RecipeError, apply_overrides
-    from stallfree.train.build import prepare_recipe
+    from stallfree.train.prepare import prepare_recipe
 
     if split not in SPLITS:
         raise RecipeError(f"stallfree.loader: split {split!r}; choose one of {', '.join(SPLITS)}")

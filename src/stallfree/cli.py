@@ -5,21 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree.commands import bench as _bench
+from stallfree.commands import compare as _compare
 from stallfree.commands import data as _data
 from stallfree.commands import export as _export
+from stallfree.commands import predict as _predict
+from stallfree.commands.compare import format_figure
 from stallfree.data.readers.paths import check_paths
 from stallfree.data.registry import AUTO, BACKENDS
-from stallfree.errors import RunDirError, StallfreeError
+from stallfree.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
-from stallfree.predict import add_parser as _predict_parser
-from stallfree.predict import cmd_predict
 from stallfree.recipe import (
     DEVICES,
     Recipe,
@@ -28,6 +28,7 @@ from stallfree.recipe import (
     load_recipe,
     validate,
 )
+from stallfree.train.signals import remember_early_stops, start_up_stop
 from stallfree.version import __version__
 
 
@@ -91,11 +92,6 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON line, last")
 
 
-def _compare_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="several runs side by side: images/s, data-wait, accuracy")
-    p.add_argument("runs", nargs="+", help="run directories holding summary.json")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `stallfree` argument parser."""
     parser = argparse.ArgumentParser(
@@ -116,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     _data.add_parser(sub)
     _bench.add_parser(sub)
     _eval_parser(sub)
-    _compare_parser(sub)
+    _compare.add_parser(sub)
     _export.add_parser(sub)
-    _predict_parser(sub)
+    _predict.add_parser(sub)
     doctor = sub.add_parser(
         "doctor",
         help="what this machine can run (torch, GPUs, DALI, nvJPEG, "
@@ -164,20 +160,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         # A default name carries a timestamp that the ranks could compute a second apart.
         raise RecipeError("under torchrun, pass --out so that every rank writes the same run directory")
     # torch-heavy imports (seconds) only once the recipe and its paths have passed
-    from stallfree.train.resume import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StopSignal
     from stallfree.train.run import train
     from stallfree.train.slurm import maybe_requeue
     from stallfree.train.trainer import PreemptedError
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{stamp}"
-    # Slurm's SIGUSR1 ("time is nearly up") during start-up (imports, listing, checks) is kept
-    # and honoured after the first step: save, then requeue; one after the run has finished is
-    # only remembered (main's handler), so the job does not end "killed by signal". SIGTERM and
-    # Ctrl-C during start-up stop at once: there is nothing new to save yet.
+    # Slurm's SIGUSR1 ("time is nearly up") during start-up is honoured after the first step:
+    # save, then requeue; one after the run has finished is only remembered (main's handler).
     try:
-        with StopSignal((signal.SIGUSR1,)) as early:
-            early.requested = early.requested or (_early_signals[0] if _early_signals else None)
+        with start_up_stop():
             summary = train(
                 recipe,
                 out,
@@ -199,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(
             f"{out}: "
             + ", ".join(
-                f"{k}={_fmt(k, v)}"
+                f"{k}={format_figure(k, v)}"
                 for k, v in summary.items()
                 if k in ("images_per_s", "data_wait_frac", "val_top1", "wall_s")
             )
@@ -227,59 +219,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    rows = []
-    for run in args.runs:
-        path = Path(run) / "summary.json"
-        if not path.is_file():
-            raise RunDirError(f"{path} not found; is {run} a finished run directory?")
-        rows.append((run, json.loads(path.read_text()), _data_source(Path(run))))
-    header = (
-        f"{'run':<28} {'loader':<10} {'data':<13} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} "
-        f"{'wall s':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for run, s, source in rows:
-        print(
-            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {source:<13} "
-            f"{_fmt('images_per_s', s.get('images_per_s')):>8} "
-            f"{_pct(s.get('data_wait_frac')):>10} "
-            f"{_fmt('val_top1', s.get('val_top1')):>10} {_fmt('wall_s', s.get('wall_s')):>8}"
-        )
-    return 0
-
-
-def _data_source(run: Path) -> str:
-    """Where a run read its data, from its recipe.toml: "s3 folders", "local tar", "synthetic"."""
-    from stallfree.data.readers.store import is_remote
-    from stallfree.recipe import tomllib
-
-    try:
-        recipe = tomllib.loads((run / "recipe.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return "?"
-    data, backend = recipe.get("data", {}), BACKENDS.get(recipe.get("loader", {}).get("backend", ""))
-    root = str(data.get("root", ""))
-    if not root or (backend is not None and not backend.needs_data):
-        return "synthetic"
-    return f"{'s3' if is_remote(root) else 'local'} {'tar' if data.get('format') == 'tar' else 'folders'}"
-
-
-# One format per figure, so that a column of `compare` lines up (and train's last line agrees).
-_FORMATS = {"images_per_s": "{:.1f}", "data_wait_frac": "{:.4f}", "val_top1": "{:.4f}", "wall_s": "{:.1f}"}
-
-
-def _fmt(key: str, value: object) -> str:
-    if isinstance(value, float):
-        return _FORMATS.get(key, "{:.4g}").format(value)
-    return "-" if value is None else str(value)
-
-
-def _pct(value: object) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, float) else "-"
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     from stallfree.doctor import FAIL, diagnose, report
 
@@ -293,9 +232,9 @@ COMMANDS = {
     "data": _data.cmd_data,
     "bench": _bench.cmd_bench,
     "eval": cmd_eval,
-    "compare": cmd_compare,
+    "compare": _compare.cmd_compare,
     "export": _export.cmd_export,
-    "predict": cmd_predict,
+    "predict": _predict.cmd_predict,
     "doctor": cmd_doctor,
 }
 
@@ -304,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `stallfree` console script."""
     # First thing: SIGUSR1 is Slurm's "time is nearly up"; its default action would kill the
     # process before `train` installs the handler that saves, e.g. while torch imports.
-    signal.signal(signal.SIGUSR1, _remember_usr1)
+    remember_early_stops()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # a bare `stallfree`: what it does and where to start
@@ -323,13 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" ({exc.hint})" if exc.hint else ""
         LOGGER.error(f"error: {exc}{hint}")
         return exc.exit_code
-
-
-_early_signals: list[str] = []  # SIGUSR1s that came before train's own handler was in place
-
-
-def _remember_usr1(signum: int, frame: object) -> None:
-    _early_signals.append(signal.Signals(signum).name)
 
 
 def _rank() -> int:

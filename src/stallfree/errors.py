@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+# EX_TEMPFAIL from sysexits.h, "try again later": a preempted run, or one stopped by a store
+# that stayed down. A scheduler wrapper (a requeue loop) goes round again on it.
+PREEMPTED_EXIT_CODE = 75
+# 128 + SIGINT, the shell's code for Ctrl-C: a requeue loop stops rather than going again.
+INTERRUPTED_EXIT_CODE = 130
+
 
 class StallfreeError(Exception):
     """A user-facing error: one line that names the file, key or value and the fix.

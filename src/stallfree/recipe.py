@@ -192,7 +192,7 @@ class LoaderConfig:
     synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
     prefetch: int = field(default=2, metadata=at_least(1))  # batches queued ahead
     # Files read at once per torch worker, or by the dali source's reader pool: on network or
-    # object storage every read waits milliseconds, so many must be in flight (issue 27).
+    # object storage every read waits milliseconds, so many must be in flight.
     # "auto": 16 from a path, 64 from an s3:// root (data/readers/inflight.py says why).
     io_depth: int | Literal["auto"] = field(default="auto", metadata=at_least(1))
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)

@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark and write its report; the exit code."""
     from stallfree.bench.report import write_report
-    from stallfree.bench.run import BenchConfig, run_bench
+    from stallfree.bench.runner import BenchConfig, run_bench
     from stallfree.train.rundir import RunDir
 
     recipe = load_recipe(args.recipe)

@@ -1,4 +1,4 @@
-"""`stallfree export`: its parser and its handler (the work lives in `stallfree.train.export`)."""
+"""`stallfree export`: its parser and its handler (the work lives in `stallfree.train.export_weights`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a checkpoint's weights; the exit code."""
-    from stallfree.train.export import export_checkpoint
+    from stallfree.train.export_weights import export_checkpoint
 
     info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
     print(

@@ -13,7 +13,7 @@ Formats:
   0  stallfree 0.1 (unstamped): loader positions counted in batches. Its weights still load
      (eval, export, init_from); a resume is refused (see `resumable`).
   1  stallfree 0.2-0.3 (unstamped): positions in samples; keys added along the way without a
-     stamp: counters.best_val_top1 (0.3), totals and segments (issue 25), num_classes,
+     stamp: counters.best_val_top1 (0.3), totals and segments, num_classes,
      class_names.
   2  stamped with "format"; every key above present.
   3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
@@ -86,7 +86,7 @@ def _to_2(state: dict[str, Any]) -> dict[str, Any]:
     counters = state["counters"]
     counters.setdefault("best_val_top1", -1.0)  # absent before 0.3: no epoch compared yet
     counters.pop("epoch", None)  # 0.2 kept it here; the loader's state holds it
-    # Absent before issue 25: zero earlier time, so the summary counts the later segments only.
+    # Absent in older files: zero earlier time, so the summary counts the later segments only.
     state.setdefault("totals", {"images": 0, "wall_s": 0.0, "wait_s": 0.0})
     state.setdefault("segments", {"wall_s": 0.0, "count": 0})
     state.setdefault("metrics_records", 0)  # 0: metrics.jsonl restarts (what 0.2 did)

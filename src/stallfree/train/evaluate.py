@@ -16,10 +16,10 @@ from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe
 from stallfree.train.accuracy import evaluate_model
-from stallfree.train.build import prepare
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
+from stallfree.train.prepare import prepare
 from stallfree.train.recipe_match import checkpoint_recipe, hold_to_checkpoint, own_recipe
 
 

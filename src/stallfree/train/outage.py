@@ -1,26 +1,7 @@
 """An object store during a run: its retries in the metrics, and an outage that outlasts the
-budget (STALLFREE_S3_OUTAGE_S) stopping the run as a preemption does.
-
-A store that stays down is "try again later", not a broken run: the run saves a checkpoint at
-its last optimizer step, writes preempted.json, says the object and the reason in one line and
-exits with PREEMPTED_EXIT_CODE (75), so a requeue loop, or `--resume auto` by hand once the
-store is back, continues exactly where it stopped.
-
-Under DDP (world size > 1) the rank whose read failed saves nothing: a save gathers every
-rank's loader and RNG state, and another rank may at that moment be inside the step's gradient
-all-reduce. That is common, not rare: the workers of each rank hold their own few batches read
-ahead, so when the store goes, one rank still has its next batch and enters the step's backward
-while another waits in its read. A gather sent then would be matched against that all-reduce.
-So with 2 ranks: rank A's read gives up after the budget; A says its line (the object, the
-reason, exit code 75) and exits without the closing barrier. Rank B is either waiting in its
-own read (it gives up in turn and says its own line) or blocked in the all-reduce: with gloo
-the all-reduce fails when A's connections close; torchrun, seeing A exit, stops B anyway
-(SIGTERM, then SIGKILL after its grace period: a rank blocked in NCCL never returns to Python
-to see a SIGTERM); without torchrun, NCCL's watchdog ends B after the process group's timeout.
-No rank waits forever, no checkpoint is half-written, and `--resume auto` continues exactly
-from the last periodic or epoch-end checkpoint (train.ckpt_every_steps bounds the steps
-retrained). Saving at the last step under DDP would need the ranks to agree, before each
-step's backward, that every one has its batch: a collective per step, not paid for this.
+budget (STALLFREE_S3_OUTAGE_S) stopping the run as a preemption does: a checkpoint at the last
+optimizer step, preempted.json, one line naming the object and exit code 75, so a requeue (or
+`--resume auto` once the store is back) continues exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -78,11 +59,17 @@ class StepMark:
 
 
 def can_save(stop: PreemptedError, world_size: int) -> bool:
-    """Whether the run may save on this stop: not after one rank's outage under DDP (above)."""
+    """Whether the run may save on this stop: not after one rank's outage under DDP."""
+    # A save gathers every rank's state, and another rank may then be inside the step's
+    # gradient all-reduce (its workers still held a batch): the gather would be matched against
+    # it. So the failing rank says its line and exits; the others fail in their own read, in the
+    # collective (gloo) or are stopped by torchrun / NCCL's watchdog. `--resume auto` continues
+    # from the last periodic or epoch-end checkpoint; saving at the last step would cost a
+    # collective per step (every rank agreeing it has its batch).
     return not isinstance(stop, StoreOutage) or world_size == 1
 
 
-def unsaved(stop: PreemptedError) -> store.StoreUnavailableError:
+def outage_error_without_save(stop: PreemptedError) -> store.StoreUnavailableError:
     """The error a rank's outage under DDP ends the run with (exit code 75, said by that rank)."""
     return store.StoreUnavailableError(
         f"{stop}; no checkpoint at this step under DDP (the other ranks may be inside a "

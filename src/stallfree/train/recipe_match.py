@@ -77,7 +77,7 @@ def hold_to_checkpoint(
     """Refuse (or warn about) what differs between `recipe`, whose dataset has `num_classes`
     labels named `names`, and the checkpoint's `state` at `path`. `given`: the recipe file the
     user passed ("" for the checkpoint's own, with --set overrides)."""
-    from stallfree.train.export import checkpoint_num_classes, class_names
+    from stallfree.train.export_weights import checkpoint_num_classes, class_names
 
     trained = checkpoint_recipe(state, path)
     trained_classes = checkpoint_num_classes(state)

@@ -1,11 +1,9 @@
-"""Resume and preemption: what goes into a checkpoint, what must match, and the stop signals."""
+"""Resume: what goes into a checkpoint, and what must match for a run to continue from it."""
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -27,11 +25,6 @@ from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.distributed import gather_objects
 from stallfree.train.trainer import Trainer
 from stallfree.version import __version__
-
-# EX_TEMPFAIL from sysexits.h: "try again later". A scheduler wrapper requeues on this code.
-PREEMPTED_EXIT_CODE = 75
-# 128 + SIGINT, the shell's code for Ctrl-C: a requeue loop stops rather than going again.
-INTERRUPTED_EXIT_CODE = 130
 
 
 class ResumeError(StallfreeError, ValueError):
@@ -258,34 +251,3 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
 
 def _step(path: Path) -> int:
     return int(path.stem.split("-")[1])
-
-
-class StopSignal:
-    """Turns SIGTERM, SIGUSR1 and a first SIGINT into a flag the trainer checks after a step.
-
-    A second SIGINT stops at once (KeyboardInterrupt), for a user who does not want to wait.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
-        self.requested: str | None = None  # the name of the first stop signal
-        self.signals = signals
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.requested == "SIGINT":
-            raise KeyboardInterrupt
-        self.requested = self.requested or signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignal:
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
-            outer = getattr(self._previous[sig], "__self__", None)
-            if isinstance(outer, StopSignal) and outer.requested and not self.requested:
-                self.requested = outer.requested  # came during start-up: honoured now
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)

@@ -21,7 +21,6 @@ from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml
-from stallfree.train.build import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
 from stallfree.train.listing_check import check_ranks_agree
@@ -31,13 +30,13 @@ from stallfree.train.outage import (
     StoreOutage,
     can_save,
     outage_as_stop,
+    outage_error_without_save,
     retries_record,
-    unsaved,
 )
+from stallfree.train.prepare import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import (
     ResumePoint,
-    StopSignal,
     best_state,
     check_compatible,
     check_same_data,
@@ -47,6 +46,7 @@ from stallfree.train.resume import (
     training_state,
 )
 from stallfree.train.rundir import RunDir
+from stallfree.train.signals import StopSignal
 from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
 
 
@@ -79,7 +79,7 @@ class SegmentClock:
     earlier: int = 0
 
     def load(self, state: dict[str, Any]) -> None:
-        """Take the earlier segments from a checkpoint (one from before issue 25: none)."""
+        """Take the earlier segments from a checkpoint (an older one holds none: zero)."""
         self.earlier_s, self.earlier = float(state["wall_s"]), int(state["count"])
 
     def state_dict(self) -> dict[str, Any]:
@@ -367,7 +367,9 @@ def _run(
                 )
         except PreemptedError as exc:
             if not can_save(exc, dist.world_size):
-                raise unsaved(exc) from None  # an error: no closing barrier (train/outage.py)
+                raise outage_error_without_save(
+                    exc
+                ) from None  # an error: no closing barrier (train/outage.py)
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
             save(exc)
             exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"

@@ -5,7 +5,7 @@ of the gradient norm decides whether the step happens (fp16 too: the optimizer i
 directly rather than through GradScaler.step, which would sync again on its own inf check).
 One per log interval to read the device-side loss sum. Under DDP the stop flag is all-reduced
 asynchronously after every optimizer step and read after the next one (by then it is done), so
-all ranks agree on a requested stop within two steps at no measurable cost (train/stopvote.py).
+all ranks agree on a requested stop within two steps at no measurable cost (train/signals.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from stallfree.train.interval import LogWindow, StepTimer
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
-from stallfree.train.report import progress_bar, say_validation, show_interval
-from stallfree.train.stopvote import StopVote
+from stallfree.train.progress import progress_bar, say_validation, show_interval
+from stallfree.train.signals import StopVote
 
 
 class NonFiniteLossError(StallfreeError, RuntimeError):

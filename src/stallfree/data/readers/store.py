@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from stallfree.data.readers import fastget
-from stallfree.errors import StallfreeError
+from stallfree.errors import PREEMPTED_EXIT_CODE, StallfreeError
 from stallfree.log import LOGGER
 
 SCHEME = "s3://"
@@ -86,7 +86,7 @@ class StoreUnavailableError(StoreError):
     """The store did not answer for the whole outage budget (STALLFREE_S3_OUTAGE_S): a
     training run stops as a preempted one does, to resume once the store is back."""
 
-    exit_code = 75  # EX_TEMPFAIL (sysexits.h): try again later, as a preempted run's
+    exit_code = PREEMPTED_EXIT_CODE  # try again later, as a preempted run
     hint = f"{OUTAGE_ENV} sets how long to wait for it"
 
 

@@ -28,8 +28,8 @@ from stallfree.data.loader import Batch, Loader
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
 from stallfree.recipe import AugmentConfig, Recipe, apply_overrides, recipe_from_dict
-from stallfree.train.build import RunContext, build_trainer, prepare, prepare_recipe
 from stallfree.train.precision import cpu_has_native_bf16
+from stallfree.train.prepare import RunContext, build_trainer, prepare, prepare_recipe
 
 MODES = ("loader", "train")
 
@@ -211,7 +211,7 @@ def run_isolated(
     still have said something that matters, e.g. DALI falling back to a CPU decode.
     """
     request = json.dumps({"kind": kind, "recipe": recipe.to_dict(), "warmup": warmup, "batches": batches})
-    code = "from stallfree.bench.run import _child_main; _child_main()"
+    code = "from stallfree.bench.runner import _child_main; _child_main()"
     try:  # exec'd, not forked: no lock another thread holds here can reach the child
         proc = subprocess.run(
             [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=timeout_s

@@ -1,4 +1,5 @@
-"""`stallfree predict CHECKPOINT_OR_RUN IMAGE_OR_FOLDER...`: the top-k class names of each image.
+"""The top-k class names of each image from a checkpoint (`stallfree predict`, whose parser
+lives in commands/predict.py).
 
 Images go through the run's own validation transform (the torch backend's decode, resize of the
 shorter side to augment.resize_size, center crop of the val size, normalisation with the
@@ -8,9 +9,7 @@ naming it; the others go on, and the exit code says that some failed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.errors import StallfreeError
-from stallfree.recipe import DEVICES
 
 # Exit code when some inputs could not be predicted (the others were).
 SOME_FAILED_EXIT_CODE = 1
@@ -28,32 +26,6 @@ SOME_FAILED_EXIT_CODE = 1
 
 class PredictError(StallfreeError, ValueError):
     """Arguments `stallfree predict` cannot use; the message names the argument and the fix."""
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `stallfree predict` on the CLI's sub-parsers."""
-    p = sub.add_parser(
-        "predict",
-        help="the top-k class names of images, from a checkpoint or run directory",
-        description="Predict the top-k class names and probabilities of each image with a "
-        "checkpoint's weights, through the run's own validation transform. A RUN directory means "
-        "its checkpoints/best.pt, else its newest checkpoint (the first line on stderr says which). "
-        f"Exit code 0 when every image was predicted, {SOME_FAILED_EXIT_CODE} when some could not "
-        "be read (each is named in one line; the others are still predicted), 2 on bad arguments.",
-    )
-    p.add_argument(
-        "checkpoint", metavar="CHECKPOINT_OR_RUN", help="a ckpt-*.pt, a best.pt or a run directory"
-    )
-    p.add_argument(
-        "inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="images, or folders searched for images"
-    )
-    p.add_argument("--top-k", type=int, default=5, help="classes per image (default 5, at most all)")
-    p.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
-    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
-    p.add_argument(
-        "--device", default="auto", choices=DEVICES, help="cuda, cpu or auto (default: cuda when available)"
-    )
-    p.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +78,7 @@ def image_paths(inputs: list[str]) -> tuple[list[str], list[str]]:
     return found, empty
 
 
-def _no_images() -> str:
+def no_images_reason() -> str:
     from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 
     return f"no image files in this folder or below it ({', '.join(sorted(IMAGE_EXTENSIONS))})"
@@ -121,7 +93,7 @@ class Predictor:
         from stallfree.models import build_model
         from stallfree.recipe import recipe_from_dict
         from stallfree.train.checkpoint import load_checkpoint
-        from stallfree.train.export import checkpoint_num_classes, class_names
+        from stallfree.train.export_weights import checkpoint_num_classes, class_names
 
         self.path = Path(checkpoint)
         state = load_checkpoint(self.path)
@@ -183,31 +155,3 @@ class Predictor:
             Prediction("", [(self.class_names[i], float(v)) for v, i in zip(vs, ids, strict=True)])
             for vs, ids in zip(values.tolist(), indices.tolist(), strict=True)
         ]
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    """Run `stallfree predict`; 0 when every image was predicted."""
-    from stallfree.log import LOGGER
-    from stallfree.parallel import DistInfo
-    from stallfree.train.distributed import resolve_device
-
-    if args.top_k < 1 or args.batch_size < 1:
-        raise PredictError("--top-k and --batch-size must be at least 1")
-    path, why = pick_checkpoint(args.checkpoint)
-    paths, empty = image_paths(args.inputs)
-    if not paths:
-        raise PredictError(f"{', '.join(empty)}: {_no_images()}; pass images or folders holding them")
-    LOGGER.info(f"predicting with {path} ({why})")
-    predictor = Predictor(path, resolve_device(args.device, DistInfo()), ema=args.ema)
-    failed = 0
-    empties = [Prediction(folder, error=_no_images()) for folder in empty]
-    for result in itertools.chain(empties, predictor.predict(paths, args.top_k, args.batch_size)):
-        if result.error:
-            failed += 1
-            if not args.json:
-                LOGGER.error(f"error: {result.path}: {result.error}")
-                continue
-        print(result.as_json() if args.json else result.as_line(), flush=True)
-    if failed:
-        LOGGER.error(f"{failed} input(s) could not be predicted (named above)")
-    return SOME_FAILED_EXIT_CODE if failed else 0
