@@ -15,8 +15,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from stallfree.data import storage
 from stallfree.data.loader import Loader
-from stallfree.data.readers import store
 from stallfree.data.readers.folders import held_out_record
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
@@ -302,7 +302,7 @@ def _run(
     train_loader = loaders["train"]
 
     # The last step's loader state (an outage gives back the rest); from a store, kept whole.
-    mark = StepMark(train_loader, snapshot=store.is_remote(recipe.data.root))
+    mark = StepMark(train_loader, snapshot=not storage.open(recipe.data.root).is_local)
 
     def save(stop: PreemptedError | None = None) -> None:
         state = training_state(

@@ -22,7 +22,7 @@ from stallfree.data.storage.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from stallfree.data.storage.locations import MemberRef, base_name, join, member_path, scheme_of
+from stallfree.data.storage.locations import MEMBER_SEP, MemberRef, base_name, join, member_path, scheme_of
 from stallfree.data.storage.settings import (
     ATTEMPTS_ENV,
     ENDPOINT_ENV,
@@ -34,9 +34,9 @@ from stallfree.data.storage.settings import (
 from stallfree.data.storage.wire import enable_direct
 
 __all__ = [
-    "ATTEMPTS_ENV", "ENDPOINT_ENV", "OUTAGE_ENV", "MemberRef", "NoSuchObjectError", "ObjectGoneError",
-    "Source", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name", "check_readable",
-    "check_root", "configure", "digest_of", "enable_direct", "endpoint_of", "exists", "identity",
+    "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "MemberRef", "NoSuchObjectError",
+    "ObjectGoneError", "Source", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name",
+    "check_readable", "check_root", "configure", "digest_of", "enable_direct", "endpoint_of", "exists", "identity",
     "join", "list_dirs", "list_many", "list_objects", "list_prefix", "member_path", "open",
     "outage_budget", "read", "read_range", "read_sample", "retries", "size",
 ]  # fmt: skip
@@ -59,7 +59,7 @@ class Source:
 _LOCAL = Source("", local)
 
 
-def open(location: str | os.PathLike[str]) -> Source:  # noqa: A001 - the door's name
+def open(location: str | os.PathLike[str]) -> Source:
     """The Source of `location` (a local path, or SCHEME://BUCKET/KEY)."""
     scheme = scheme_of(location)
     return Source(scheme, objects) if scheme else _LOCAL

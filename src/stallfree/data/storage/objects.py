@@ -84,7 +84,13 @@ def _refused(url: str, op: str, failure: wire.Failure) -> StoreError:
 
 
 def _wait_out(
-    url: str, op: str, where: tuple[str, str, str, float], key: str, args: tuple[Any, ...], started: float, last: wire.Failure
+    url: str,
+    op: str,
+    where: tuple[str, str, str, float],
+    key: str,
+    args: tuple[Any, ...],
+    started: float,
+    last: wire.Failure,
 ) -> Any:
     """Ask again, with jittered pauses, until the store answers or the budget (counted from
     `started`) is spent: then StoreUnavailableError."""
