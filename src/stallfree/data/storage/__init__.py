@@ -22,7 +22,15 @@ from stallfree.data.storage.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from stallfree.data.storage.locations import MEMBER_SEP, MemberRef, base_name, join, member_path, scheme_of
+from stallfree.data.storage.locations import (
+    MEMBER_SEP,
+    MemberRef,
+    base_name,
+    join,
+    member_path,
+    scheme_of,
+    split_url,
+)
 from stallfree.data.storage.settings import (
     ATTEMPTS_ENV,
     ENDPOINT_ENV,
@@ -35,10 +43,11 @@ from stallfree.data.storage.wire import enable_direct
 
 __all__ = [
     "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "MemberRef", "NoSuchObjectError",
-    "ObjectGoneError", "Source", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name",
-    "check_readable", "check_root", "configure", "digest_of", "enable_direct", "endpoint_of", "exists", "identity",
-    "join", "list_dirs", "list_many", "list_objects", "list_prefix", "member_path", "open",
-    "outage_budget", "read", "read_range", "read_sample", "retries", "size",
+    "ObjectGoneError", "Source", "StoreError", "StoreUnavailableError", "attempt_timeout",
+    "base_name", "check_readable", "check_root", "configure", "digest_of", "enable_direct",
+    "endpoint_of", "exists", "identity", "join", "list_dirs", "list_many", "list_objects",
+    "list_prefix", "member_path", "open", "outage_budget", "read", "read_range", "read_sample",
+    "retries", "size", "split_url",
 ]  # fmt: skip
 
 

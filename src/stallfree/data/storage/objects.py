@@ -97,9 +97,11 @@ def _wait_out(
     budget = settings.outage_budget()
     deadline = started + budget
     _say_waiting(url, last, budget)
-    while time.monotonic() < deadline:
+    while (remaining := deadline - time.monotonic()) > 0:
+        time.sleep(min(remaining, random.uniform(0.5, 2.0)))  # jitter: workers come back apart
+        if time.monotonic() >= deadline:
+            break
         settings.count_retry()
-        time.sleep(random.uniform(0.5, 2.0))  # jitter: workers do not come back in step
         try:
             return wire.run(op, where, key, *args)
         except wire.Failure as failure:
@@ -141,8 +143,16 @@ def exists(url: str) -> bool:
     try:
         size(url)
     except NoSuchObjectError:
+        # A 404 is also what a missing bucket answers: that is an error, not "no such object".
+        where, _ = _where(url)
+        if where not in _buckets_seen:
+            request(url, "any", patient=False)  # in a missing bucket, it fails naming the bucket
+            _buckets_seen.add(where)
         return False
     return True
+
+
+_buckets_seen: set[tuple[str, str, str, float]] = set()
 
 
 def list_objects(url: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
