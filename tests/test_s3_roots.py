@@ -11,7 +11,6 @@ from helpers import small_recipe
 from s3_server import KEY_ID, SECRET, upload_tree
 
 from stallfree.cli import main
-from stallfree.data.readers import store
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
@@ -95,7 +94,6 @@ def test_wrong_credentials_are_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    monkeypatch.setattr(store, "_clients", {})  # this process's client was made with the right key
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(_recipe(remote["folder"], "folder", "torch")))
     assert main(["train", str(recipe_path), "--out", str(tmp_path / "run"), "--no-progress"]) != 0
