@@ -17,12 +17,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from stallfree.data.storage import wire
+from stallfree.data.storage import settings, wire
 from stallfree.data.storage.errors import StoreError
 
 _HEAD = struct.Struct("!Q")
 _lock = threading.Lock()
-_helpers: dict[int, _Helper] = {}
+_helpers: dict[tuple[int, str], _Helper] = {}
 
 
 def _send(out: BinaryIO, message: Any, lock: threading.Lock) -> None:
@@ -56,6 +56,7 @@ class _Helper:
         self.next_id = 0
         self.write_lock = threading.Lock()
         self.alive = True
+        self.pid = os.getpid()
         threading.Thread(target=self._answers, name="stallfree-store-helper", daemon=True).start()
 
     def _answers(self) -> None:
@@ -69,6 +70,14 @@ class _Helper:
         for future in list(self.pending.values()):
             future.set_exception(wire.Failure("invalid", "the store helper process exited"))
         self.pending.clear()
+
+    def close(self) -> None:
+        """Let the helper end (it exits when its stdin closes) once its answers are in."""
+        if self.proc.stdin is not None and self.pid == os.getpid():
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
 
     def request(self, op: str, where: tuple[str, str, str, float], args: tuple[Any, ...]) -> Any:
         future: Future[Any] = Future()
@@ -87,12 +96,15 @@ class _Helper:
 
 def request(op: str, where: tuple[str, str, str, float], *args: Any) -> Any:
     """Have this process's helper (started on first use) make the request; Failure on failure."""
-    pid = os.getpid()
+    # One a process and store environment: the helper reads the variables it started with.
+    key = (os.getpid(), settings.store_environment())
     with _lock:
-        helper = _helpers.get(pid)
+        helper = _helpers.get(key)
         if helper is None or not helper.alive:
-            _helpers.clear()  # a parent's, inherited through fork: never used here
-            helper = _helpers[pid] = _Helper()
+            for old in _helpers.values():  # a parent's (never used here), or another environment's
+                old.close()
+            _helpers.clear()
+            helper = _helpers[key] = _Helper()
     return helper.request(op, where, args)
 
 
@@ -116,7 +128,6 @@ def main() -> None:
     with ThreadPoolExecutor(64, thread_name_prefix="stallfree-helper") as pool:
         while (message := _receive(source)) is not None:
             pool.submit(answer, *message)
-        pool.shutdown(wait=False, cancel_futures=True)
     os._exit(0)  # without tearing obstore's runtime down
 
 

@@ -45,14 +45,15 @@ def _error(url: str, op: str, failure: wire.Failure) -> StoreError:
     return StoreError(f"{url}: {_reason(failure)}")
 
 
-def _answered(where: tuple[str, str, str, float], key: str) -> bool:
-    """Whether the store answers a HEAD of `key` (found or not): then a failure that looked
-    like no answer (a 416, a listing of a missing bucket) was the store's final word."""
+def _probe(where: tuple[str, str, str, float], key: str) -> wire.Failure | None:
+    """A HEAD of `key`: None where the store answers it (found or not), so that a failure that
+    looked like no answer (a 416, a listing of a missing bucket) was the store's final word;
+    else the HEAD's own failure (no answer, or refused credentials)."""
     try:
         wire.run("head", where, key or "_")
     except wire.Failure as probe:
-        return probe.kind != "no_answer"
-    return True
+        return None if probe.kind == "missing" else probe
+    return None
 
 
 def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
@@ -67,8 +68,10 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
             last = failure
             if failure.kind != "no_answer":
                 raise _error(url, op, failure) from None
-            if (attempt == attempts or not patient) and _answered(where, key):
-                raise _refused(url, op, failure) from None
+            if attempt == attempts or not patient:
+                probe = _probe(where, key)
+                if probe is None or probe.kind != "no_answer":
+                    raise _refused(url, op, failure, probe) from None
             if attempt < attempts:
                 settings.count_retry()
                 time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
@@ -77,9 +80,12 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
     return _wait_out(url, op, where, key, args, started, last)
 
 
-def _refused(url: str, op: str, failure: wire.Failure) -> StoreError:
+def _refused(url: str, op: str, failure: wire.Failure, probe: wire.Failure | None) -> StoreError:
+    if probe is not None:  # the credentials, refused
+        return _error(url, op, probe)
     if op in ("list", "any"):  # an existing bucket lists any prefix, even an empty one
-        return StoreError(f"{url}: no such bucket, or no permission to list it ({failure.detail})")
+        bucket = split_url(url)[1]
+        return StoreError(f"{url}: no such bucket {bucket!r} (or no permission to list it)")
     return StoreError(f"{url}: the store refused the request ({failure.detail})")
 
 

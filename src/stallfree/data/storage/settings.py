@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 
@@ -63,3 +64,14 @@ def count_retry(n: int = 1) -> None:
     """Add `n` retried requests to the count."""
     with _retries.get_lock():
         _retries.value += n
+
+
+# The variables a store is configured by (endpoints, regions, credentials, emulators).
+_STORE_VARS = ("AWS_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST")
+
+
+def store_environment() -> str:
+    """A digest of the variables stores are configured by: a store (or a helper process) made
+    under others is not used again. Kept in memory only; it reveals no value."""
+    items = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARS))
+    return hashlib.sha256(repr(items).encode()).hexdigest()

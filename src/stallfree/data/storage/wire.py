@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from stallfree.data.storage import clouds
+from stallfree.data.storage import clouds, settings
 
 # What a failed request means, by obstore's exception type: "missing" (404), "denied" (403),
 # "unauthenticated" (401), "no_answer" (connection refused or reset, a timeout, a 5xx, any
@@ -52,7 +52,7 @@ def classify(exc: BaseException) -> Failure:
 
 
 _lock = threading.Lock()
-_stores: dict[tuple[str, str, str, float], Any] = {}
+_stores: dict[tuple[str, str, str, float, str], Any] = {}
 _state = {"used": False, "inherited": False, "forked": False}
 _local = threading.local()
 
@@ -85,7 +85,7 @@ HELPER_ENV = "STALLFREE_STORE_HELPER"  # "1" in the helper process itself
 
 def store_for(scheme: str, bucket: str, endpoint: str, timeout: float) -> Any:
     """This process's obstore store for the bucket (made once per endpoint and timeout)."""
-    key = (scheme, bucket, endpoint, timeout)
+    key = (scheme, bucket, endpoint, timeout, settings.store_environment())
     found = _stores.get(key)
     if found is None:
         with _lock:
