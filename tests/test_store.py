@@ -156,3 +156,15 @@ def test_an_object_gone_since_the_listing_says_so(bucket: str) -> None:
     assert isinstance(err.value, storage.ObjectGoneError)
     assert str(err.value).startswith(f"{bucket}/gone.jpg: no such object"), err.value
     assert "credentials" not in err.value.hint and "put it back" in err.value.hint, err.value.hint
+
+
+def test_data_check_goes_to_the_endpoint_it_is_given(
+    s3_server, bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`data check s3://...` could not be pointed at a recipe's endpoint: it went to AWS."""
+    from stallfree.cli import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")  # set, so that the test's end restores them
+    monkeypatch.setenv(storage.ENDPOINT_ENV, "")
+    main(["data", "check", f"{bucket}/empty", "--endpoint-url", s3_server.endpoint, "--no-progress"])
+    assert "s3://unit/empty: no objects under this prefix" in capsys.readouterr().err

@@ -45,9 +45,9 @@ __all__ = [
     "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "MemberRef", "NoSuchObjectError",
     "ObjectGoneError", "Source", "StoreError", "StoreUnavailableError", "attempt_timeout",
     "base_name", "check_readable", "check_root", "configure", "digest_of", "enable_direct",
-    "endpoint_of", "exists", "identity", "join", "list_dirs", "list_many", "list_objects",
-    "list_prefix", "member_path", "open", "outage_budget", "read", "read_range", "read_sample",
-    "retries", "size", "split_url",
+    "endpoint_used", "endpoint_of", "exists", "identity", "join", "list_dirs", "list_many",
+    "list_objects", "list_prefix", "member_path", "open", "outage_budget", "read", "read_range",
+    "read_sample", "retries", "size", "split_url",
 ]  # fmt: skip
 
 
@@ -147,6 +147,21 @@ def endpoint_of(location: str) -> str:
 
         return s3_endpoint() or "aws"
     return scheme
+
+
+def endpoint_used(location: str) -> str:
+    """The endpoint URL a run from `location` reads from, to record with the run: "" for a
+    local path or a cloud's own endpoint; no user or password part, never a credential."""
+    if scheme_of(location) != "s3":
+        return ""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from stallfree.data.storage.settings import s3_endpoint
+
+    parts = urlsplit(s3_endpoint())
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")) if host else ""
 
 
 def check_readable(location: str) -> None:

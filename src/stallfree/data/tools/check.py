@@ -156,10 +156,17 @@ def _suffix(path: Where) -> str:
 
 
 def check_dataset(
-    root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS, progress: bool = True
+    root: str | Path,
+    *,
+    workers: int = -1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: bool = True,
+    endpoint_url: str = "",
 ) -> CheckReport:
-    """Fully decode every image under ROOT/{train,val} (a folder or an s3:// prefix) in
-    `workers` processes (or, for tar shards, check them whole: see `check_shards`)."""
+    """Fully decode every image under ROOT/{train,val} (a folder or a store's prefix) in
+    `workers` processes (or, for tar shards, check them whole: see `check_shards`).
+    `endpoint_url`: an s3:// root's endpoint, as a recipe's data.endpoint_url."""
+    storage.configure(endpoint_url)
     in_store = not storage.open(str(root)).is_local
     where: Where = str(root).rstrip("/") if in_store else Path(root)
     if isinstance(where, Path):
