@@ -39,13 +39,13 @@ warnings.simplefilter("ignore")
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import DataConfig
 try:  # the storage package (obstore): listing requests, each one streamed page by page
-    from stallfree.data.storage import wire
+    from stallfree.data.storage import dispatch
     calls = [0]
-    real_run = wire.run
+    real_run = dispatch.run
     def counting(op, where, *args):
         calls[0] += op == "list"
         return real_run(op, where, *args)
-    wire.run = counting
+    dispatch.run = counting
 except ImportError:  # before it: botocore's list_objects_v2 calls (pages)
     from stallfree.data.readers import store
     calls = [0]

@@ -17,7 +17,7 @@ import pytest
 
 from stallfree.data.readers import remote
 from stallfree.data.readers.folders import resolve_dataset
-from stallfree.data.storage import split_url, wire
+from stallfree.data.storage import dispatch, split_url
 from stallfree.recipe import DataConfig
 
 BUCKET = "listing"
@@ -27,16 +27,16 @@ FULL = 2 + 2 * len(CLASSES)  # the class prefixes of train/ and val/, then each 
 COUNTING = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
-from stallfree.data.storage import wire
+from stallfree.data.storage import dispatch
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import DataConfig
 calls = []
-real = wire.run
+real = dispatch.run
 def counting(op, where, *args):
     if op == "list":
         calls.append("/" if args[1] else "")
     return real(op, where, *args)
-wire.run = counting
+dispatch.run = counting
 d = resolve_dataset(DataConfig(root=sys.argv[1]))
 print(json.dumps({"calls": calls, "files": d.splits["train"].files, "sources": d.sources}))
 """
@@ -46,14 +46,14 @@ print(json.dumps({"calls": calls, "files": d.splits["train"].files, "sources": d
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Each listing request the storage layer makes ("/": a delimiter listing, class prefixes)."""
     made: list[str] = []
-    real = wire.run  # a count of the real requests, not a stand-in for them
+    real = dispatch.run  # a count of the real requests, not a stand-in for them
 
     def counting(op: str, where: Any, *args: Any) -> Any:
         if op == "list":
             made.append("/" if args[1] else "")
         return real(op, where, *args)
 
-    monkeypatch.setattr(wire, "run", counting)
+    monkeypatch.setattr(dispatch, "run", counting)
     return made
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from stallfree.data import storage
 from stallfree.data.readers.headers import read_bytes
-from stallfree.data.storage import settings, wire
+from stallfree.data.storage import dispatch, settings, wire
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_a_get_that_failed_for_good_is_not_made_again(monkeypatch: pytest.Monkey
         calls.append(op)
         raise wire.Failure("no_answer", "connection refused")
 
-    monkeypatch.setattr(wire, "run", down)
+    monkeypatch.setattr(dispatch, "run", down)
     monkeypatch.setenv(storage.ATTEMPTS_ENV, "1")
     monkeypatch.setenv(storage.OUTAGE_ENV, "0.01")
     before = settings.retries()

@@ -11,8 +11,8 @@ a digest of every listed key's name, size and ETag (an object replaced under its
 changes its ETag), carried in the Dataset's `sources`.
 
 The listing is cached too (`listed`), per node, beside the check cache. When it is used:
-  * A new run lists every object (96 s for 1.28M keys against a local SeaweedFS on 2 busy
-    cores; see benchmarks/RESULTS.md), so it trains on the store as it is now: an object added,
+  * A new run lists every object (streamed through obstore; see benchmarks/RESULTS.md for
+    the time at 1.28M keys), so it trains on the store as it is now: an object added,
     removed or replaced under a known class prefix is seen. S3 has no cheaper way to see
     that: a prefix has no modification time, and no count.
   * A resume (`--resume`, a requeue) reuses the cached listing. Checkpoint positions count

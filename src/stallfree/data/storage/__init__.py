@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 
-from stallfree.data.storage import local, objects
+import stallfree.data.storage.local as local
+import stallfree.data.storage.objects as objects
 from stallfree.data.storage.errors import (
     OUTAGE_ENV,
     NoSuchObjectError,

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from stallfree.data.storage import settings
+import stallfree.data.storage.settings as settings
 from stallfree.data.storage.errors import StoreError
 
 # Asked again this often: boto3 refreshes an assumed role's credentials before they expire.
@@ -64,8 +64,8 @@ def _s3(bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, An
     provider = _boto3_credentials(f"s3://{bucket}")
     return S3Store(
         bucket,
-        client_options=options or None,  # type: ignore[arg-type]
-        retry_config=retry or None,  # type: ignore[arg-type]
+        client_options=options or None,
+        retry_config=retry or None,
         credential_provider=provider,
         **config,
     )

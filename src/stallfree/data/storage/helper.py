@@ -15,9 +15,10 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import IO, Any
 
-from stallfree.data.storage import settings, wire
+import stallfree.data.storage.settings as settings
+import stallfree.data.storage.wire as wire
 from stallfree.data.storage.errors import StoreError
 
 _HEAD = struct.Struct("!Q")
@@ -25,14 +26,14 @@ _lock = threading.Lock()
 _helpers: dict[tuple[int, str], _Helper] = {}
 
 
-def _send(out: BinaryIO, message: Any, lock: threading.Lock) -> None:
+def _send(out: IO[bytes], message: Any, lock: threading.Lock) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     with lock:
         out.write(_HEAD.pack(len(data)) + data)
         out.flush()
 
 
-def _receive(source: BinaryIO) -> Any:
+def _receive(source: IO[bytes]) -> Any:
     head = source.read(_HEAD.size)
     if len(head) < _HEAD.size:
         return None

@@ -11,7 +11,9 @@ import random
 import time
 from typing import Any
 
-from stallfree.data.storage import settings, wire
+import stallfree.data.storage.dispatch as dispatch
+import stallfree.data.storage.settings as settings
+import stallfree.data.storage.wire as wire
 from stallfree.data.storage.errors import (
     NoSuchObjectError,
     ObjectGoneError,
@@ -50,7 +52,7 @@ def _probe(where: tuple[str, str, str, float], key: str) -> wire.Failure | None:
     looked like no answer (a 416, a listing of a missing bucket) was the store's final word;
     else the HEAD's own failure (no answer, or refused credentials)."""
     try:
-        wire.run("head", where, key or "_")
+        dispatch.run("head", where, key or "_")
     except wire.Failure as probe:
         return None if probe.kind == "missing" else probe
     return None
@@ -63,7 +65,7 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
     started, attempts = time.monotonic(), settings.max_attempts()
     for attempt in range(1, attempts + 1):
         try:
-            return wire.run(op, where, key, *args)
+            return dispatch.run(op, where, key, *args)
         except wire.Failure as failure:
             last = failure
             if failure.kind != "no_answer":
@@ -109,7 +111,7 @@ def _wait_out(
             break
         settings.count_retry()
         try:
-            return wire.run(op, where, key, *args)
+            return dispatch.run(op, where, key, *args)
         except wire.Failure as failure:
             if failure.kind != "no_answer":
                 raise _error(url, op, failure) from None

@@ -14,9 +14,11 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
-from stallfree.data.storage import clouds, settings
+import stallfree.data.storage.clouds as clouds
+import stallfree.data.storage.settings as settings
 
 # What a failed request means, by obstore's exception type: "missing" (404), "denied" (403),
 # "unauthenticated" (401), "no_answer" (connection refused or reset, a timeout, a 5xx, any
@@ -106,16 +108,6 @@ def store_for(scheme: str, bucket: str, endpoint: str, timeout: float) -> Any:
     return found
 
 
-def run(op: str, where: tuple[str, str, str, float], *args: Any) -> Any:
-    """Request `op` (see OPS) of the store `where` = (scheme, bucket, endpoint, timeout),
-    made here or by the helper; a failure raises Failure."""
-    if direct():
-        return call(op, where, *args)
-    from stallfree.data.storage import helper
-
-    return helper.request(op, where, *args)
-
-
 def call(op: str, where: tuple[str, str, str, float], *args: Any) -> Any:
     """Make the request in this process."""
     store = store_for(*where)
@@ -167,4 +159,4 @@ def _any(store: Any, prefix: str) -> bool:
     return False
 
 
-OPS = {"get": _get, "head": _head, "list": _list, "any": _any}
+OPS: dict[str, Callable[..., Any]] = {"get": _get, "head": _head, "list": _list, "any": _any}
