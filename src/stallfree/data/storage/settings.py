@@ -28,7 +28,9 @@ _retries = multiprocessing.Value("q", 0)
 
 def configure(endpoint_url: str = "") -> None:
     """Use `endpoint_url` (data.endpoint_url) for s3:// in this process and the ones it starts."""
-    if endpoint_url:
+    # Written only when it differs: a recipe.toml records the endpoint a run read, and a
+    # resume of it must not pin this process to it when AWS_ENDPOINT_URL says the same.
+    if endpoint_url and endpoint_url != s3_endpoint():
         os.environ[ENDPOINT_ENV] = endpoint_url
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from collections.abc import Callable
 from typing import Any
 
 import stallfree.data.storage.clouds as clouds
