@@ -3,7 +3,7 @@ process's requests (listings, HEADs, start-up checks) for it, so that the main p
 starts obstore's runtime and the DataLoader workers it forks later can read directly (see
 wire.py). Requests travel as pickles over its stdin and stdout, many in flight at once.
 
-`python -m stallfree.data.storage.helper` is the helper's side; `request` the caller's.
+`main` is the helper's side; `request` the caller's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class _Helper:
     def __init__(self) -> None:
         env = dict(os.environ, **{wire.HELPER_ENV: "1"})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stallfree.data.storage.helper"],
+            # Not `-m`: the package imports this module first, which runpy warns about.
+            [sys.executable, "-c", "from stallfree.data.storage.helper import main; main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -130,7 +131,3 @@ def main() -> None:
         while (message := _receive(source)) is not None:
             pool.submit(answer, *message)
     os._exit(0)  # without tearing obstore's runtime down
-
-
-if __name__ == "__main__":
-    main()

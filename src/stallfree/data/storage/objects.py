@@ -13,6 +13,7 @@ from typing import Any
 
 import stallfree.data.storage.dispatch as dispatch
 import stallfree.data.storage.settings as settings
+import stallfree.data.storage.stalls as stalls
 import stallfree.data.storage.wire as wire
 from stallfree.data.storage.errors import (
     NoSuchObjectError,
@@ -63,9 +64,11 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
     `patient`: wait out an outage (reads during a run), else fail after the attempts (checks)."""
     where, key = _where(url)
     started, attempts = time.monotonic(), settings.max_attempts()
+    deadline = started + settings.outage_budget()
     for attempt in range(1, attempts + 1):
         try:
-            return dispatch.run(op, where, key, *args)
+            with stalls.watched(url):
+                return dispatch.run(op, where, key, *args)
         except wire.Failure as failure:
             last = failure
             if failure.kind != "no_answer":
@@ -74,9 +77,11 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
                 probe = _probe(where, key)
                 if probe is None or probe.kind != "no_answer":
                     raise _refused(url, op, failure, probe) from None
-            if attempt < attempts:
-                settings.count_retry()
-                time.sleep(random.random() * min(20.0, 2.0 ** (attempt - 1)))
+            pause = random.random() * min(20.0, 2.0 ** (attempt - 1))
+            if attempt == attempts or (patient and time.monotonic() + pause >= deadline):
+                break  # no retry that would end past the budget
+            settings.count_retry()
+            time.sleep(pause)
     if not patient:
         raise _error(url, op, last) from None
     return _wait_out(url, op, where, key, args, started, last)
@@ -111,7 +116,8 @@ def _wait_out(
             break
         settings.count_retry()
         try:
-            return dispatch.run(op, where, key, *args)
+            with stalls.watched(url):
+                return dispatch.run(op, where, key, *args)
         except wire.Failure as failure:
             if failure.kind != "no_answer":
                 raise _error(url, op, failure) from None
