@@ -184,3 +184,11 @@ def test_only_the_storage_package_reads_a_scheme() -> None:
         if pattern.search(line)
     ]
     assert not found, found
+
+
+def test_the_outage_budget_under_either_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(storage.OUTAGE_ENV, raising=False)
+    monkeypatch.setenv("STALLFREE_S3_OUTAGE_S", "7")
+    assert storage.outage_budget() == 7.0
+    monkeypatch.setenv(storage.OUTAGE_ENV, "9")  # the store-neutral name wins
+    assert storage.outage_budget() == 9.0
