@@ -36,15 +36,24 @@ BUCKET, PREFIX = "listing", "imagenet"
 MEASURE = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
-from stallfree.data.readers import store
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import DataConfig
-calls = [0]
-real = store._call
-def counting(url, fn, **kw):
-    calls[0] += fn == "list_objects_v2"
-    return real(url, fn, **kw)
-store._call = counting
+try:  # the storage package (obstore): listing requests, each one streamed page by page
+    from stallfree.data.storage import dispatch
+    calls = [0]
+    real_run = dispatch.run
+    def counting(op, where, *args):
+        calls[0] += op == "list"
+        return real_run(op, where, *args)
+    dispatch.run = counting
+except ImportError:  # before it: botocore's list_objects_v2 calls (pages)
+    from stallfree.data.readers import store
+    calls = [0]
+    real = store._call
+    def counting(url, fn, **kw):
+        calls[0] += fn == "list_objects_v2"
+        return real(url, fn, **kw)
+    store._call = counting
 t = time.perf_counter()
 resume = {"reuse_listing": True} if sys.argv[2] == "resume" else {}
 try:

@@ -57,7 +57,7 @@ def make_shards(client: Any, shards: int, members: int, member_kb: int, seed: in
 
 def per_member(order: list[Member], depth: int) -> int:
     """stallfree's way: one ranged GET per member, `depth` in flight; bytes fetched."""
-    from stallfree.data.readers import store
+    from stallfree.data import storage as store
 
     with ThreadPoolExecutor(depth) as pool:
         return sum(len(b) for b in pool.map(lambda m: store.read_range(*m), order))
@@ -82,7 +82,7 @@ class ShardCache:
                 if data is not None:
                     self.shards.move_to_end(url)
             if data is None:
-                from stallfree.data.readers import store
+                from stallfree.data import storage as store
 
                 data = store.read(url)
                 with self.lock:
@@ -102,7 +102,7 @@ def cached(order: list[Member], depth: int, capacity: int) -> int:
 
 def streamed(urls: list[str], depth: int) -> int:
     """Every shard whole, once, in shard order: the ceiling (not stallfree's sample order)."""
-    from stallfree.data.readers import store
+    from stallfree.data import storage as store
 
     with ThreadPoolExecutor(min(depth, len(urls))) as pool:
         return sum(len(b) for b in pool.map(store.read, urls))
@@ -117,7 +117,7 @@ def start_proxy(upstream: str, delay_ms: float) -> tuple[subprocess.Popen[str], 
 
 def measure(args: argparse.Namespace, members: list[Member], endpoint: str, delay: str) -> list[str]:
     """One row per way of reading, the same seeded epoch order for each."""
-    from stallfree.data.readers import store
+    from stallfree.data import storage as store
 
     store.configure(endpoint)
     order = [members[i] for i in np.random.default_rng(1).permutation(len(members))]

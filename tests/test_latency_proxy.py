@@ -12,7 +12,7 @@ from helpers import small_recipe
 from latency_proxy import LatencyProxy
 from s3_server import upload_tree
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
@@ -31,8 +31,7 @@ def proxy(s3_server):
 def through(proxy: LatencyProxy, monkeypatch: pytest.MonkeyPatch) -> LatencyProxy:
     """stallfree's reads (this process and its workers) go through the proxy."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-    monkeypatch.delenv(store.ENDPOINT_ENV, raising=False)
-    monkeypatch.setattr(store, "_clients", {})  # a client made before points at the server
+    monkeypatch.delenv(storage.ENDPOINT_ENV, raising=False)
     return proxy
 
 

@@ -12,7 +12,7 @@ from helpers import TensorLoader
 from torch import nn
 
 from stallfree.data.loader import Batch
-from stallfree.data.readers.store import StoreUnavailableError
+from stallfree.data.storage import StoreUnavailableError
 from stallfree.train.outage import StepMark, StoreOutage, outage_as_stop
 from stallfree.train.trainer import Trainer, TrainerConfig, TrainerHooks
 

@@ -15,7 +15,8 @@ from helpers import small_recipe, train_until_logged
 from s3_server import Server, need_weed, upload_tree
 
 from stallfree.cli import main
-from stallfree.data.readers import store
+from stallfree.data import storage
+from stallfree.data.storage import settings
 from stallfree.errors import PREEMPTED_EXIT_CODE
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
@@ -41,7 +42,6 @@ def server(own_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
     """The module's server, running (a test that failed with it down left it so)."""
     if own_server.proc is None or own_server.proc.poll() is not None:
         own_server.start()
-    monkeypatch.setattr(store, "_clients", {})
     return own_server
 
 
@@ -134,8 +134,8 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     monkeypatch: pytest.MonkeyPatch,
     backend: str,
 ) -> None:
-    monkeypatch.setenv(store.OUTAGE_ENV, "2")
-    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")  # botocore's own retries: the outage budget is what is tested
+    monkeypatch.setenv(storage.OUTAGE_ENV, "2")
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")  # the quick retries: the outage budget is what is tested
     url = upload_tree(server.client(), image_root, "faults", "data")
     proc, cmd, run = train_until_logged(_recipe(url, backend), tmp_path, records=2)
     server.kill()
@@ -143,7 +143,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     assert proc.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
     lines = [line for line in err.splitlines() if "stallfree: " in line and str(run) in line]
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    assert f"{url}/" in lines[0] and "Could not connect to the endpoint" in lines[0], lines
+    assert f"{url}/" in lines[0] and "the store did not answer" in lines[0], lines
     assert "(still after 2 s)" in lines[0] and "--resume auto" in lines[0], lines
     # The checkpoint is the last step taken: a resume trains no step twice.
     marker = json.loads((run / "preempted.json").read_text())
@@ -151,7 +151,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     assert state["counters"]["optimizer_steps"] == _train_records(run)[-1]["step"]
     server.start()
     _wait_until_it_serves_reads(server)
-    store._count({"ResponseMetadata": {"RetryAttempts": 5}})  # noqa: SLF001 - this process's earlier work
+    settings.count_retry(5)  # this process's earlier work
     assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
     _assert_equal(_final_weights(run), local_runs(backend))
     # The resumed segment's own count: a clean run (not the retries this process made before).
@@ -170,16 +170,16 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_
 
     upload_tree(server.client(), image_root, "faults", "data")
     key = server.client().list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
-    # As a loader's reader thread reads: obstore first (enabled), then botocore.
+    # As a loader's reader thread reads.
     reader = (
         "import sys\n"
-        "from stallfree.data.readers import fastget, store\n"
-        "fastget.enable()\n"
-        "store.read(sys.argv[1])  # the connection is up: the store answers once\n"
+        "from stallfree.data import storage\n"
+        "storage.enable_direct()\n"
+        "storage.read(sys.argv[1])  # the connection is up: the store answers once\n"
         "print('frozen', flush=True); sys.stdin.readline()\n"
-        "store.read(sys.argv[1])\n"
+        "storage.read(sys.argv[1])\n"
     )
-    env = {**os.environ, store.OUTAGE_ENV: "3", store.ATTEMPTS_ENV: "2"}  # 1.5 s a request
+    env = {**os.environ, storage.OUTAGE_ENV: "3", storage.ATTEMPTS_ENV: "2"}  # 1.5 s a request
     proc = subprocess.Popen(
         [sys.executable, "-c", reader, f"s3://faults/{key}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -205,4 +205,43 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_
         -2000:
     ]
     assert "not answering" in err, err[-2000:]  # said once when it starts, not only at the end
-    assert waited < 30, waited
+    # Within the budget plus one request's timeout (3 + 1.5 s), and a margin for a loaded machine.
+    assert waited < 10, waited
+
+
+def test_a_frozen_store_is_said_within_seconds(server: Server, image_root: Path) -> None:
+    """A frozen store was silent for 40 s under the default budget (each attempt waits its whole
+    timeout): a read with no answer for a few seconds says so while it still waits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    upload_tree(server.client(), image_root, "faults", "data")
+    key = server.client().list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
+    reader = (
+        "import sys\n"
+        "from stallfree.data import storage\n"
+        "storage.enable_direct()\n"
+        "storage.read(sys.argv[1])\n"
+        "print('frozen', flush=True); sys.stdin.readline()\n"
+        "storage.read(sys.argv[1])\n"
+    )
+    env = {**os.environ, storage.OUTAGE_ENV: "60", storage.ATTEMPTS_ENV: "2"}  # 30 s a request
+    proc = subprocess.Popen(
+        [sys.executable, "-c", reader, f"s3://faults/{key}"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == "frozen", proc.communicate()[1][-3000:]
+    assert server.proc is not None
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+    try:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        line = proc.stderr.readline()  # the first thing it says, long before its 30 s timeout
+    finally:
+        proc.kill()
+        proc.communicate()
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    assert f"s3://faults/{key}: no answer from the store for" in line and "waiting up to 60 s" in line, line

@@ -1,7 +1,7 @@
 """Listing an s3:// ImageFolder once: a new run lists every object (and sees any change), a
 resume reuses the node's cached listing after listing the class prefixes alone, one rank a node
-lists, and a file list lists nothing. list_objects_v2 calls are counted against a real
-SeaweedFS server (a counting wrapper around the store's one call function)."""
+lists, and a file list lists nothing. Listing requests are counted against a real SeaweedFS
+server (a counting wrapper around the storage layer's one request function)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from stallfree.data.readers import remote, store
+from stallfree.data.readers import remote
 from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.storage import dispatch, split_url
 from stallfree.recipe import DataConfig
 
 BUCKET = "listing"
@@ -26,16 +27,16 @@ FULL = 2 + 2 * len(CLASSES)  # the class prefixes of train/ and val/, then each 
 COUNTING = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
-from stallfree.data.readers import store
+from stallfree.data.storage import dispatch
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import DataConfig
 calls = []
-real = store._call
-def counting(url, fn, **kwargs):
-    if fn == "list_objects_v2":
-        calls.append(kwargs.get("Delimiter", ""))
-    return real(url, fn, **kwargs)
-store._call = counting
+real = dispatch.run
+def counting(op, where, *args):
+    if op == "list":
+        calls.append("/" if args[1] else "")
+    return real(op, where, *args)
+dispatch.run = counting
 d = resolve_dataset(DataConfig(root=sys.argv[1]))
 print(json.dumps({"calls": calls, "files": d.splits["train"].files, "sources": d.sources}))
 """
@@ -43,16 +44,16 @@ print(json.dumps({"calls": calls, "files": d.splits["train"].files, "sources": d
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The Delimiter of each list_objects_v2 call the store makes ("/" lists class prefixes)."""
+    """Each listing request the storage layer makes ("/": a delimiter listing, class prefixes)."""
     made: list[str] = []
-    real = store._call  # noqa: SLF001 - a count of the real calls, not a stand-in for them
+    real = dispatch.run  # a count of the real requests, not a stand-in for them
 
-    def counting(url: str, fn: str, **kwargs: Any) -> dict[str, Any]:
-        if fn == "list_objects_v2":
-            made.append(kwargs.get("Delimiter", ""))
-        return real(url, fn, **kwargs)
+    def counting(op: str, where: Any, *args: Any) -> Any:
+        if op == "list":
+            made.append("/" if args[1] else "")
+        return real(op, where, *args)
 
-    monkeypatch.setattr(store, "_call", counting)
+    monkeypatch.setattr(dispatch, "run", counting)
     return made
 
 
@@ -85,7 +86,7 @@ def root(client: Any, request: pytest.FixtureRequest, tmp_path: Path, monkeypatc
 
 
 def _put(client: Any, root: str, rel: str) -> None:
-    client.put_object(Bucket=BUCKET, Key=f"{store.split_url(root)[1]}/{rel}", Body=b"")
+    client.put_object(Bucket=BUCKET, Key=f"{split_url(root)[2]}/{rel}", Body=b"")
 
 
 def test_a_resume_lists_the_class_prefixes_alone(root: str, calls: list[str]) -> None:
@@ -107,7 +108,7 @@ def test_a_new_run_sees_a_key_added_or_removed_a_resume_keeps_its_listing(
 ) -> None:
     first = resolve_dataset(DataConfig(root=root))
     _put(client, root, "train/a/9.jpg")
-    client.delete_object(Bucket=BUCKET, Key=f"{store.split_url(root)[1]}/train/b/1.jpg")
+    client.delete_object(Bucket=BUCKET, Key=f"{split_url(root)[2]}/train/b/1.jpg")
     # A resume continues on the samples its checkpoint positions count: the listing it began with.
     caplog.set_level("INFO", logger="stallfree")
     resumed = resolve_dataset(DataConfig(root=root), reuse_listing=True)
@@ -206,16 +207,3 @@ def test_a_requeued_run_lists_the_class_prefixes_alone(
     calls.clear()
     assert train(recipe, run, progress=False, resume="auto")["optimizer_steps"] == 5
     assert calls == ["/", "/"]
-
-
-def test_timestamps_parse_as_botocore_parses_them() -> None:
-    from botocore.utils import parse_timestamp
-
-    fast = store._timestamp  # noqa: SLF001 - the listing's parser, against botocore's own
-    for text in (
-        "2026-12-02T10:40:00.000Z",
-        "2026-12-02T10:40:00Z",
-        "Wed, 02 Dec 2026 10:40:00 GMT",
-        "1700000000",
-    ):
-        assert fast(text) == parse_timestamp(text), text

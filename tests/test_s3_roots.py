@@ -11,7 +11,6 @@ from helpers import small_recipe
 from s3_server import KEY_ID, SECRET, upload_tree
 
 from stallfree.cli import main
-from stallfree.data.readers import store
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
@@ -53,7 +52,7 @@ def _recipe(root: str | Path, fmt: str, backend: str):
 @pytest.mark.parametrize("fmt", ["folder", "tar"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_from_the_store_is_the_run_from_a_local_copy(
-    remote: dict[str, str], image_root: Path, packed: Path, tmp_path: Path, fmt: str, backend: str
+    remote: dict[str, str], image_root: Path, packed: Path, tmp_path: Path, fmt: str, backend: str, s3_server
 ) -> None:
     local = image_root if fmt == "folder" else packed
     train(_recipe(local, fmt, backend), tmp_path / "local", progress=False)
@@ -63,6 +62,8 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     mine, theirs = _final_weights(tmp_path / "local"), _final_weights(tmp_path / "s3")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
+    # recipe.toml names the store the run read (its endpoint), never a credential.
+    assert f'endpoint_url = "{s3_server.endpoint}"' in (tmp_path / "s3" / "recipe.toml").read_text()
     # Credentials come from the environment's standard chain and go nowhere else.
     for path in (tmp_path / "s3").rglob("*"):
         if path.is_file():
@@ -95,7 +96,6 @@ def test_wrong_credentials_are_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    monkeypatch.setattr(store, "_clients", {})  # this process's client was made with the right key
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(_recipe(remote["folder"], "folder", "torch")))
     assert main(["train", str(recipe_path), "--out", str(tmp_path / "run"), "--no-progress"]) != 0

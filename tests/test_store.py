@@ -1,4 +1,4 @@
-"""The object-store layer against a real S3-compatible server (SeaweedFS on loopback)."""
+"""The storage layer against a real S3-compatible server (SeaweedFS on loopback)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.headers import read_bytes
+from stallfree.data.storage import dispatch, settings, wire
 
 
 @pytest.fixture(scope="module")
@@ -24,53 +25,66 @@ def bucket(s3_server) -> str:
 def test_reads_ranges_and_member_references(bucket: str) -> None:
     url = f"{bucket}/one/blob.bin"
     data = bytes(range(256)) * 4
-    assert store.read(url) == data
-    assert store.read_range(url, 300, 10) == data[300:310]
+    assert storage.read(url) == data
+    assert storage.read_range(url, 300, 10) == data[300:310]
     assert read_bytes(url) == data
     assert read_bytes(url, 5) == data[:5]
     assert read_bytes(f"{url}::m.jpg:512:20") == data[512:532]
     assert read_bytes(f"{url}::m.jpg:512:20", 4) == data[512:516]
-    assert store.size(url) == 1024
+    assert storage.size(url) == 1024
 
 
 def test_lists_every_page_and_every_class_prefix(bucket: str) -> None:
-    assert store.list_dirs(f"{bucket}/many") == ["c0", "c1", "c2"]
-    listed = store.list_many([f"{bucket}/many/c{i}" for i in range(3)])
+    assert storage.list_dirs(f"{bucket}/many") == ["c0", "c1", "c2"]
+    listed = storage.list_many([f"{bucket}/many/c{i}" for i in range(3)])
     names = [name for names, _ in listed for name, _ in names]
     assert len(names) == 1100 and len(set(names)) == 1100
     assert all(size == 0 for names, _ in listed for _, size in names)
 
 
-def test_errors_name_the_url_and_reason(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(store.StoreError, match=r"s3://unit/one/nothing: no such object"):
-        store.read(f"{bucket}/one/nothing")
-    with pytest.raises(store.StoreError, match=r"s3://no-such-bucket/x: no such bucket"):
-        store.check_readable("s3://no-such-bucket/x")
-    with pytest.raises(store.StoreError, match=r"s3://unit/empty: no objects under"):
-        store.check_readable(f"{bucket}/empty")
-    store.check_readable(f"{bucket}/many")
+def test_errors_name_the_url_and_reason(bucket: str) -> None:
+    with pytest.raises(storage.StoreError, match=r"s3://unit/one/nothing: no such object"):
+        storage.read(f"{bucket}/one/nothing")
+    with pytest.raises(storage.StoreError, match=r"s3://no-such-bucket/x: no such bucket"):
+        storage.check_readable("s3://no-such-bucket/x")
+    with pytest.raises(storage.StoreError, match=r"s3://unit/empty: no objects under"):
+        storage.check_readable(f"{bucket}/empty")
+    storage.check_readable(f"{bucket}/many")
+    assert not storage.exists(f"{bucket}/one/nothing") and storage.exists(f"{bucket}/one/blob.bin")
+
+
+def test_a_missing_bucket_is_not_a_missing_object(bucket: str) -> None:
+    """exists() said False for a key in a bucket that does not exist, so a root in a wrong
+    bucket was read as the other shard format; it names the bucket instead."""
+    with pytest.raises(storage.StoreError, match=r"s3://no-such-bucket/x/manifest.json: no such bucket"):
+        storage.exists("s3://no-such-bucket/x/manifest.json")
 
 
 def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
-    # Its own key pair: without one (no session server started in this worker yet) botocore
-    # stops at "no credentials" before it tries the endpoint.
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")
-    monkeypatch.setattr(store, "_clients", {})
-    with pytest.raises(store.StoreError, match=r"^s3://unit/x: Could not connect to the endpoint"):
-        store.check_readable("s3://unit/x")
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
+    with pytest.raises(storage.StoreError, match=r"^s3://unit/x: the store did not answer") as err:
+        storage.check_readable("s3://unit/x")
+    assert "\n" not in str(err.value) and "secret" not in str(err.value)
 
 
 def test_an_endpoint_without_a_scheme_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """botocore's ValueError ("Invalid endpoint: 127.0.0.1:18333") reached a new user as a
-    traceback: it is a StoreError naming the endpoint and the fix."""
+    """An endpoint without its scheme reached a new user as a traceback (obstore panics on
+    it): it is a StoreError naming the endpoint and the fix."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:18333")
-    monkeypatch.setattr(store, "_clients", {})
-    with pytest.raises(store.StoreError) as err:
-        store.check_readable("s3://unit/x")
+    with pytest.raises(storage.StoreError) as err:
+        storage.check_readable("s3://unit/x")
     assert "127.0.0.1:18333" in str(err.value) and "http://127.0.0.1:18333" in str(err.value), err.value
+
+
+def test_an_unknown_scheme_is_refused_by_name() -> None:
+    """gs-like URLs passed the start check and failed later as a local path."""
+    with pytest.raises(storage.StoreError, match=r"^http://x/y: http:// is not a store"):
+        storage.open("http://x/y")
+    assert storage.open("/data/s3://x").is_local and storage.open(Path("s3:/b")).is_local
+    assert not storage.open("s3://b/p").is_local
 
 
 def test_data_check_on_a_dead_endpoint_ends_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,58 +98,97 @@ def test_data_check_on_a_dead_endpoint_ends_at_once(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv(store.ATTEMPTS_ENV, "2")
-    monkeypatch.setenv(store.OUTAGE_ENV, "40")  # what it waited before: past the test's bound
-    monkeypatch.setattr(store, "_clients", {})
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
+    monkeypatch.setenv(storage.OUTAGE_ENV, "40")  # what it waited before: past the test's bound
     started = time.monotonic()
-    with pytest.raises(store.StoreError) as err:
+    with pytest.raises(storage.StoreError) as err:
         check_dataset("s3://unit/data", progress=False)
-    assert not isinstance(err.value, store.StoreUnavailableError)  # not "try again later": exit 2
+    assert not isinstance(err.value, storage.StoreUnavailableError)  # not "try again later": exit 2
     assert str(err.value).startswith("s3://unit/data") and "manifest" not in str(err.value), err.value
     assert time.monotonic() - started < 30
 
 
-def test_one_client_per_process(bucket: str) -> None:
-    """A forked child makes its own client (sockets never cross a fork)."""
-    parent = store.client()
+def test_a_child_forked_after_reads_reads_too(bucket: str) -> None:
+    """obstore's runtime does not survive a fork: a child forked after this process's reader
+    threads read (a DataLoader worker, a check's worker) hung on its first read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = f"{bucket}/one/blob.bin"
+    with ThreadPoolExecutor(1, initializer=storage.enable_direct) as pool:  # as a ReaderPool
+        assert pool.submit(storage.read, url).result()[:2] == b"\0\1"
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: read through its own client
-        ok = store.client() is not parent and store.read(f"{bucket}/one/blob.bin")[:2] == b"\0\1"
+    if pid == 0:  # the child: its first read must come back
+        import signal
+
+        signal.alarm(60)
+        ok = storage.read(url)[:2] == b"\0\1" and storage.size(url) == 1024
         os.write(write, b"1" if ok else b"0")
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"1"
-    assert store.client() is parent
 
 
-def test_is_remote() -> None:
-    assert store.is_remote("s3://b/p") and not store.is_remote("/data/s3://x")
-    assert not store.is_remote(Path("s3:/b"))
-
-
-@pytest.mark.parametrize("read", [lambda url: store.read(url), lambda url: store.read_range(url, 0, 10)])
+@pytest.mark.parametrize("read", [lambda url: storage.read(url), lambda url: storage.read_range(url, 0, 10)])
 def test_a_get_that_failed_for_good_is_not_made_again(monkeypatch: pytest.MonkeyPatch, read) -> None:
-    """A GET's failure comes after botocore's retries and the outage budget: asking again
-    would multiply the wait before a run that cannot go on stops (read_range once asked 3x)."""
+    """A GET's failure comes after the attempts and the outage budget: asking again would
+    multiply the wait before a run that cannot go on stops (read_range once asked 3x)."""
     calls: list[str] = []
 
-    def down(url: str, fn: str, **kwargs: object) -> dict:
-        calls.append(fn)
-        raise store.StoreUnavailableError(f"{url}: the store is down (still after 120 s)")
+    def down(op: str, where: object, *args: object) -> object:
+        calls.append(op)
+        raise wire.Failure("no_answer", "connection refused")
 
-    monkeypatch.setattr(store, "_call", down)
-    monkeypatch.setattr(store.fastget, "_enabled", [False])
-    with pytest.raises(store.StoreUnavailableError):
+    monkeypatch.setattr(dispatch, "run", down)
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "1")
+    monkeypatch.setenv(storage.OUTAGE_ENV, "0.01")
+    before = settings.retries()
+    with pytest.raises(storage.StoreUnavailableError, match=r"^s3://bucket/key: the store did not answer"):
         read("s3://bucket/key")
-    assert calls == ["get_object"]
+    assert calls.count("get") == 1 and settings.retries() == before
 
 
 def test_an_object_gone_since_the_listing_says_so(bucket: str) -> None:
     """A GET of a listed object that is gone (deleted between a stop and its resume, whose
     listing is cached) told a new user to check the URL, the endpoint and the credentials."""
-    with pytest.raises(store.StoreError) as err:
-        store.read(f"{bucket}/gone.jpg")
-    assert isinstance(err.value, store.ObjectGoneError)
+    with pytest.raises(storage.StoreError) as err:
+        storage.read(f"{bucket}/gone.jpg")
+    assert isinstance(err.value, storage.ObjectGoneError)
     assert str(err.value).startswith(f"{bucket}/gone.jpg: no such object"), err.value
     assert "credentials" not in err.value.hint and "put it back" in err.value.hint, err.value.hint
+
+
+def test_data_check_goes_to_the_endpoint_it_is_given(
+    s3_server, bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`data check s3://...` could not be pointed at a recipe's endpoint: it went to AWS."""
+    from stallfree.cli import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")  # set, so that the test's end restores them
+    monkeypatch.setenv(storage.ENDPOINT_ENV, "")
+    main(["data", "check", f"{bucket}/empty", "--endpoint-url", s3_server.endpoint, "--no-progress"])
+    assert "s3://unit/empty: no objects under this prefix" in capsys.readouterr().err
+
+
+def test_only_the_storage_package_reads_a_scheme() -> None:
+    """Local-or-remote was decided at 29 places in 13 files, three different ways."""
+    import re
+
+    src = Path(__file__).resolve().parent.parent / "src" / "stallfree"
+    pattern = re.compile(r"""["']://["']\s+(not\s+)?in\b|startswith\(\s*["'](s3|gs|az)://|is_remote\(""")
+    found = [
+        f"{path.relative_to(src)}:{number}"
+        for path in src.rglob("*.py")
+        if "storage" not in path.relative_to(src).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, found
+
+
+def test_the_outage_budget_under_either_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(storage.OUTAGE_ENV, raising=False)
+    monkeypatch.setenv("STALLFREE_S3_OUTAGE_S", "7")
+    assert storage.outage_budget() == 7.0
+    monkeypatch.setenv(storage.OUTAGE_ENV, "9")  # the store-neutral name wins
+    assert storage.outage_budget() == 9.0

@@ -42,8 +42,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _data_source(run: Path) -> str:
-    """Where a run read its data, from its recipe.toml: "s3 folders", "local tar", "synthetic"."""
-    from stallfree.data.readers.store import is_remote
+    """Where a run read its data, from its recipe.toml: "s3 folders", "gs tar", "local tar", "synthetic"."""
+    from stallfree.data import storage
     from stallfree.recipe import tomllib
 
     try:
@@ -54,7 +54,11 @@ def _data_source(run: Path) -> str:
     root = str(data.get("root", ""))
     if not root or (backend is not None and not backend.needs_data):
         return "synthetic"
-    return f"{'s3' if is_remote(root) else 'local'} {'tar' if data.get('format') == 'tar' else 'folders'}"
+    try:
+        where = storage.open(root).scheme or "local"
+    except storage.StoreError:
+        where = "?"
+    return f"{where} {'tar' if data.get('format') == 'tar' else 'folders'}"
 
 
 # One format per figure, so that a column of `compare` lines up (and train's last line agrees).

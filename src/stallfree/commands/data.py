@@ -39,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_MAX_PIXELS,
         help="refuse larger images, as data.max_pixels does",
     )
+    check.add_argument(
+        "--endpoint-url",
+        default="",
+        metavar="URL",
+        help="the S3 endpoint of an s3:// ROOT, as a recipe's data.endpoint_url (default: AWS_ENDPOINT_URL)",
+    )
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
     pack = data_sub.add_parser(
         "pack",
@@ -93,6 +99,7 @@ def _data_check(args: argparse.Namespace) -> int:
 
     report = check_dataset(
         args.root,
+        endpoint_url=args.endpoint_url,
         workers=args.workers,
         max_pixels=args.max_pixels,
         progress=show_progress(not args.no_progress),

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from stallfree.data import storage
 from stallfree.data.loader import Loader
-from stallfree.data.readers import store
 from stallfree.train.distributed import all_reduce_sum
 from stallfree.train.trainer import PreemptedError
 
@@ -29,7 +29,7 @@ def outage_as_stop() -> Iterator[None]:
     """The store's error, wherever the run meets it (a step's batch, validation), as a stop."""
     try:
         yield
-    except store.StoreUnavailableError as exc:
+    except storage.StoreUnavailableError as exc:
         raise StoreOutage(str(exc)) from None
 
 
@@ -69,9 +69,9 @@ def can_save(stop: PreemptedError, world_size: int) -> bool:
     return not isinstance(stop, StoreOutage) or world_size == 1
 
 
-def outage_error_without_save(stop: PreemptedError) -> store.StoreUnavailableError:
+def outage_error_without_save(stop: PreemptedError) -> storage.StoreUnavailableError:
     """The error a rank's outage under DDP ends the run with (exit code 75, said by that rank)."""
-    return store.StoreUnavailableError(
+    return storage.StoreUnavailableError(
         f"{stop}; no checkpoint at this step under DDP (the other ranks may be inside a "
         "collective): --resume auto continues from the last saved one once the store is back"
     )
@@ -79,14 +79,14 @@ def outage_error_without_save(stop: PreemptedError) -> store.StoreUnavailableErr
 
 def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, float]] | None:
     """For a run from an s3:// root: a log record's `store_retries`, the requests retried since
-    this run (segment) started, by every rank and its DataLoader workers (store.retries), summed
+    this run (segment) started, by every rank and its DataLoader workers (storage.retries), summed
     over ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
-    if not store.is_remote(root):
+    if storage.open(root).is_local:
         return None
-    before = store.retries()  # a process that ran something else first (train() in a notebook)
+    before = storage.retries()  # a process that ran something else first (train() in a notebook)
 
     def record() -> dict[str, float]:
-        count = torch.tensor([float(store.retries() - before)], device=device)
+        count = torch.tensor([float(storage.retries() - before)], device=device)
         return {"store_retries": int(all_reduce_sum(count).item())}
 
     return record

@@ -14,7 +14,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from stallfree.data import autotune, registry
+from stallfree.data import autotune, registry, storage
 from stallfree.data.build import build_loader, measure_auto_count
 from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader
@@ -124,6 +124,8 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
     `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
     recipe = recipe.copy()
     validate(recipe)
+    if not recipe.data.endpoint_url:  # recipe.toml says which store the run read (no credential)
+        recipe.data.endpoint_url = storage.endpoint_used(recipe.data.root)
     device = resolve_device(recipe.train.device, dist)
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from stallfree.data import storage
 from stallfree.data.loader import Loader
 from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
@@ -163,6 +164,13 @@ def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int, 
     return loader.epoch
 
 
+def _root_named(root: str) -> str:
+    """A local root resolved (a relative one names a folder from where it ran), a URL as is."""
+    if not root:
+        return ""
+    return str(Path(root).resolve()) if storage.open(root).is_local else root
+
+
 def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
     train = recipe["train"]
     return {
@@ -170,7 +178,7 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
         * train["accum_steps"]
         * world_size,
         "loader.backend": recipe["loader"]["backend"],
-        "data.root": str(Path(recipe["data"]["root"]).resolve()) if recipe["data"]["root"] else "",
+        "data.root": _root_named(recipe["data"]["root"]),
         "model.name": recipe["model"]["name"],
         "train.epochs": train["epochs"],  # the LR schedule's length
     }

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.data import storage
 from stallfree.data.loader import Batch, Loader, LoaderSpec
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
@@ -39,7 +40,7 @@ def in_memory_listing(listing: Listing, folder: str, files: int = _FILES) -> tup
     tails, originals = [], {}
     for n, i in enumerate(picked):
         path = listing.path(int(i))
-        member = path.rpartition("::")[2].rsplit(":", 2)[0] if "::" in path else path
+        member = storage.base_name(path)
         ext = os.path.splitext(member)[1] or ".jpg"
         tail = f"{n:05d}{ext.lower()}"
         with open(os.path.join(folder, tail), "wb") as f:

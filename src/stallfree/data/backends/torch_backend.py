@@ -28,9 +28,9 @@ from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.readers.inflight import ReaderPool, reads_in_flight
 from stallfree.data.readers.listing import Listing
-from stallfree.data.readers.store import StoreError
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
+from stallfree.data.storage import StoreError
 from stallfree.data.transforms.augment import train_transform, val_transform
 from stallfree.errors import some_of
 from stallfree.parallel import cpu_workers

@@ -44,10 +44,11 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
     (train.seed). `reuse_listing` (a resume): an s3:// root's cached listing is used (see
     data/readers/remote.py).
     """
-    from stallfree.data.readers import store
+    from stallfree.data import storage
 
-    store.configure(data.endpoint_url)
-    if data.val_fraction and (data.format != "folder" or store.is_remote(data.root) or data.file_list):
+    storage.configure(data.endpoint_url)
+    in_store = not storage.open(data.root).is_local
+    if data.val_fraction and (data.format != "folder" or in_store or data.file_list):
         raise DatasetError(
             f"data.val_fraction = {data.val_fraction} holds out part of a local folder root's "
             "train/ (no data.file_list, data.format = folder); give this root a val split, or "
@@ -56,8 +57,8 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
     if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
         from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
 
-        if store.is_remote(data.root):
-            if store.exists(store.join(data.root, MANIFEST)):
+        if in_store:
+            if storage.exists(storage.join(data.root, MANIFEST)):
                 return resolve_shards(data.root)
             from stallfree.data.readers.webdataset import resolve_foreign
 
@@ -69,7 +70,7 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
         from stallfree.data.readers.webdataset import resolve_foreign
 
         return resolve_foreign(Path(data.root))
-    if store.is_remote(data.root):
+    if in_store:
         return _remote_dataset(data.root.rstrip("/"), data.file_list, reuse_listing)
     root = _check_root(data.root, data.val_fraction)
     classes = tuple(_class_dirs(root / "train"))
@@ -289,8 +290,10 @@ def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) 
     split keeps the list's order within a class, classes in train's order. `root` is a folder,
     or an object-store URL (s3://...; the list is a local file).
     """
+    from stallfree.data import storage
+
     path = Path(list_file)
-    remote = "://" in str(root)
+    remote = isinstance(root, str) and not storage.open(root).is_local
     under = (
         (lambda *parts: "/".join([str(root), *parts])) if remote else (lambda *parts: str(Path(root, *parts)))
     )
@@ -349,7 +352,9 @@ def _same_root(checked: str, root: str) -> bool:
     relative one meant the folder it named from wherever the check ran. A list for another
     root (a copy, say) still selects the files, but cannot vouch for their bytes: the start
     checks them, once (cached), as it does without a list."""
-    if "://" in root:  # an object-store URL names itself
+    from stallfree.data import storage
+
+    if not storage.open(root).is_local:  # an object-store URL names itself
         return checked.rstrip("/") == root.rstrip("/")
     return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
 

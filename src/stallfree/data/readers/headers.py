@@ -8,31 +8,16 @@ import os
 import struct
 from typing import BinaryIO
 
-from stallfree.data.readers import store
-from stallfree.data.readers.store import is_remote
+from stallfree.data import storage
 
 # How an EXIF block (APP1 segment) starts, in a JPEG.
 EXIF_HEADER = b"Exif\x00\x00"
 
-# A member of a tar shard, read in place: "SHARD.tar::MEMBER:OFFSET:SIZE" (see data/readers/tarshards.py).
-MEMBER = "::"
-
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:
     """The file's bytes (at most `limit`), for a file or a tar member reference, local or in an
-    object store (s3://...)."""
-    if MEMBER in path:
-        shard, _, member = path.rpartition(MEMBER)
-        _, offset, size = member.rsplit(":", 2)
-        length = int(size) if limit is None else min(int(size), limit)
-        if is_remote(shard):  # one ranged GET: members are read in place in the store too
-            return store.read_range(shard, int(offset), length)
-        with open(shard, "rb") as f:
-            return os.pread(f.fileno(), length, int(offset))
-    if is_remote(path):
-        return store.read(path, limit)
-    with open(path, "rb") as f:
-        return f.read() if limit is None else f.read(limit)
+    object store."""
+    return storage.read_sample(path, limit)
 
 
 def tiff_ifds_loop(fp: BinaryIO) -> bool:

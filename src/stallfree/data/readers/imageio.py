@@ -30,8 +30,9 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from stallfree.data import storage
 from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
-from stallfree.data.readers.headers import MEMBER, read_bytes
+from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
 from stallfree.version import __version__
@@ -105,19 +106,17 @@ def _source(path: str, data: bytes | None = None) -> str | io.BytesIO:
     extracted to disk)."""
     if data is not None:
         return io.BytesIO(data)
-    return io.BytesIO(read_bytes(path)) if MEMBER in path or path.startswith("s3://") else path
+    local_file = storage.MemberRef.parse(path) is None and storage.open(path).is_local
+    return path if local_file else io.BytesIO(read_bytes(path))
 
 
 def _size(path: str, data: bytes | None = None) -> int:
     if data is not None:
         return len(data)
-    if MEMBER in path:  # a member of a shard, local or in a store: its size is in the reference
-        return int(path.rsplit(":", 1)[1])
-    if path.startswith("s3://"):
-        from stallfree.data.readers import store
-
-        return store.size(path)
-    return os.path.getsize(path)
+    ref = storage.MemberRef.parse(path)
+    if ref is not None:  # a member of a shard, local or in a store: its size is in the reference
+        return ref.size
+    return storage.size(path)
 
 
 def check_header(

@@ -16,9 +16,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from stallfree.data.readers import fastget
+from stallfree.data import storage
 from stallfree.data.readers.imageio import register_plugins
-from stallfree.data.readers.store import is_remote
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -35,7 +34,7 @@ def reads_in_flight(io_depth: int | str, root: str) -> int:
     """`loader.io_depth` as a number of reader threads for data under `root`."""
     if io_depth != "auto":
         return int(io_depth)
-    return AUTO_DEPTH_STORE if is_remote(root) else AUTO_DEPTH_PATH
+    return AUTO_DEPTH_PATH if storage.open(root).is_local else AUTO_DEPTH_STORE
 
 
 class ReaderPool:
@@ -50,9 +49,11 @@ class ReaderPool:
     def get(self) -> ThreadPoolExecutor:
         """The pool of this process."""
         if self._pool is None or self._pid != os.getpid():
-            fastget.enable()  # a loader's reads: object GETs through obstore from here on
             register_plugins()  # no reader thread imports one lazily (a fork-safe process)
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stallfree-read")
+            # A loader's reads: each reader thread makes its object requests itself.
+            self._pool = ThreadPoolExecutor(
+                self.threads, thread_name_prefix="stallfree-read", initializer=storage.enable_direct
+            )
             self._pid = os.getpid()
         return self._pool
 

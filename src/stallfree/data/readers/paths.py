@@ -1,12 +1,12 @@
 """The paths a recipe names, checked before torch is imported: a wrong `data.root`, a missing
-train/ or val/, an absent file list or init checkpoint, or an s3:// root the store refuses, is
+train/ or val/, an absent file list or init checkpoint, or a store's root that the store refuses, is
 said in one line within a second, before anything is written (`train` and `eval` call it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stallfree.data.readers.store import check_store_root  # torch-free, boto3 lazily
+from stallfree.data import storage  # torch-free, obstore lazily
 from stallfree.recipe import VAL_FIX, Recipe
 from stallfree.tables import RecipeError
 
@@ -15,9 +15,9 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     """The files and folders the recipe names exist: checked before torch is imported, so that
     a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
     data = recipe.data
-    if data.root.startswith("s3://"):  # before anything is written: one line naming the URL
-        check_store_root(data.root, data.format, data.endpoint_url)
-    elif data.root and "://" not in data.root:
+    if data.root and not storage.open(data.root).is_local:  # before anything is written
+        storage.check_root(data.root, data.format, data.endpoint_url)
+    elif data.root:
         root = Path(data.root)
         if not root.is_dir():
             hint = (

@@ -4,15 +4,15 @@ Listed here, made into a Dataset by `folders.resolve_dataset`: the one a local c
 same objects gives, sample for sample in the same order (torchvision's ImageFolder walk, see
 `folders.class_files`), so a run from the store and one from the copy see the same batches.
 Each class prefix is listed in full (paginated), the class prefixes in parallel (see
-`store.list_many`). No object is read.
+`storage.list_many`). No object is read.
 
 The start-up header check is cached per dataset state as for local folders; here the state is
 a digest of every listed key's name, size and ETag (an object replaced under its own name
 changes its ETag), carried in the Dataset's `sources`.
 
 The listing is cached too (`listed`), per node, beside the check cache. When it is used:
-  * A new run lists every object (96 s for 1.28M keys against a local SeaweedFS on 2 busy
-    cores; see benchmarks/RESULTS.md), so it trains on the store as it is now: an object added,
+  * A new run lists every object (streamed through obstore; see benchmarks/RESULTS.md for
+    the time at 1.28M keys), so it trains on the store as it is now: an object added,
     removed or replaced under a known class prefix is seen. S3 has no cheaper way to see
     that: a prefix has no modification time, and no count.
   * A resume (`--resume`, a requeue) reuses the cached listing. Checkpoint positions count
@@ -42,7 +42,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.listing import SPLITS, DatasetError
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
@@ -70,7 +70,7 @@ def imagefolder_order(names: list[str]) -> list[str]:
 def class_prefixes(root: str) -> dict[str, list[str]]:
     """Each split's class prefixes (a delimiter listing each: requests by classes, not objects)."""
     return {
-        split: [name for name in store.list_dirs(store.join(root, split)) if not name.startswith(".")]
+        split: [name for name in storage.list_dirs(storage.join(root, split)) if not name.startswith(".")]
         for split in SPLITS
     }
 
@@ -117,9 +117,9 @@ def list_classes(file_list: str) -> tuple[str, ...]:
 def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[str]], str]:
     """Each class prefix's object names (relative to it) in ImageFolder's order, and one digest
     of every key, size and ETag under them (the start-up check cache's key)."""
-    listed = store.list_many([store.join(split_url, name) for name in classes])
+    listed = storage.list_many([storage.join(split_url, name) for name in classes])
     names = [imagefolder_order([key for key, _ in objects]) for objects, _ in listed]
-    return names, store.digest_of([digest for _, digest in listed])
+    return names, storage.digest_of([digest for _, digest in listed])
 
 
 # (train's classes, each split's object names per class, each split's digest of keys and ETags)
@@ -148,7 +148,7 @@ def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
             return _unpack(entry)
     names, digests = {}, {}
     for split in SPLITS:
-        names[split], digests[split] = class_objects(store.join(root, split), classes)
+        names[split], digests[split] = class_objects(storage.join(root, split), classes)
     entry = {"version": __version__, "root": root, "token": token, "host": socket.gethostname()}
     entry["listed_at"] = time.time()
     entry |= {"prefixes": prefixes, "classes": list(classes), "digests": digests}
@@ -158,16 +158,12 @@ def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
     return classes, names, digests
 
 
-def _endpoint() -> str:
-    return os.environ.get(store.ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or "aws"
-
-
 def cache_path(root: str) -> Path:
     """The node's listing of `root` at this endpoint (one bucket name, many stores); remove it
     to have a resume list everything again."""
     from stallfree.data.readers.startup_check import cache_dir
 
-    key = hashlib.sha256(f"{_endpoint()}\0{root}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(storage.identity(root).encode()).hexdigest()[:32]
     return cache_dir() / f"listing-{key}.json.z"
 
 

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from stallfree.data import storage
 from stallfree.data.readers.decode_pool import decode_all
 from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
 from stallfree.data.readers.listing import Listing
@@ -53,13 +54,17 @@ def stat_key(paths: Iterable[str | Path], prefix: str = "") -> str:
     return digest.hexdigest()[:32]
 
 
+def _named(location: str) -> str:
+    return os.path.realpath(location) if storage.open(location).is_local else location
+
+
 def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:
     # Resolved paths: a relative data.root names another dataset in another folder, and a
     # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
     # An object-store URL is itself (its sources carry a digest of the listed keys and ETags).
-    where = listing.prefix if "://" in listing.prefix else os.path.realpath(listing.prefix)
+    where = _named(listing.prefix)
     return stat_key(
-        [s if "://" in s else os.path.realpath(s) for s in sources],
+        [_named(s) for s in sources],
         f"{kind} {rules_id()} {max_pixels} {where} {listing.digest()}",
     )
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cached_check, stat_key
@@ -96,15 +96,11 @@ def _index_of(shard: str | Path) -> str:
 def read_index(shard: str | Path) -> list[Entry]:
     """The samples listed by the .idx next to `shard` (a path or an s3:// URL)."""
     index = _index_of(shard)
-    if store.is_remote(index):
-        if not store.exists(index):
-            raise ShardError(f"{index} does not exist; shards need the index `stallfree data pack` writes")
-        return parse_index(store.read(index).decode(errors="replace"), index)
-    if not Path(index).is_file():
+    if not storage.exists(index):
         raise ShardError(
             f"{index} does not exist; shards need the index `stallfree data pack` writes next to them"
         )
-    return parse_index(Path(index).read_text(errors="replace"), index)
+    return parse_index(storage.read(index).decode(errors="replace"), index)
 
 
 def _check_placement(shard: str, entries: list[Entry], size: int) -> None:
@@ -121,9 +117,9 @@ def _check_placement(shard: str, entries: list[Entry], size: int) -> None:
 
 
 def _load_manifest(root: str) -> dict[str, Any]:
-    path = store.join(root, MANIFEST)
+    path = storage.join(root, MANIFEST)
     try:
-        manifest = json.loads(store.read(path) if store.is_remote(path) else Path(path).read_text())
+        manifest = json.loads(storage.read(path))
     except ValueError as exc:
         raise ShardError(
             f"{path} is not valid JSON ({exc}); it is written last by "
@@ -146,9 +142,9 @@ def _load_manifest(root: str) -> dict[str, Any]:
 def _sizes(root: str) -> tuple[dict[str, int] | None, str]:
     """({name: bytes} of every object right under an s3:// root: one listing, not a HEAD per
     shard; and the digest of its names, sizes and ETags), or (None, "") for a local folder."""
-    if not store.is_remote(root):
+    if storage.open(root).is_local:
         return None, ""
-    objects, digest = store.list_prefix(root)
+    objects, digest = storage.list_prefix(root)
     return {name: size for name, size in objects if "/" not in name}, digest
 
 
@@ -160,7 +156,7 @@ def _split_entries(
     labels = info["labels"]
     for shard_info in info["shards"]:
         name = Path(shard_info["name"]).name  # a name, never a path out of root
-        shard = store.join(root, name)
+        shard = storage.join(root, name)
         if sizes is not None:
             size = sizes.get(name)
         else:
@@ -218,7 +214,7 @@ class RangedFile:
             span = max(self.SPAN, length)
             if self.size is not None:
                 span = min(span, self.size - offset)
-            self.start, self.data = offset, store.read_range(self.name, offset, span)
+            self.start, self.data = offset, storage.read_range(self.name, offset, span)
         return self.data[offset - self.start : offset - self.start + length]
 
     def read(self, length: int = -1) -> bytes:
@@ -248,7 +244,7 @@ def _verify_all(checked: list[tuple[str, list[Entry], list[int]]]) -> None:
 
 def verify_members(shard: str | Path, entries: list[Entry], labels: list[int]) -> None:
     """Read each member's tar header back (name, place) and each .cls against its label."""
-    if store.is_remote(str(shard)):
+    if not storage.open(str(shard)).is_local:
         _verify(str(shard), RangedFile(str(shard)).pread, entries, labels)
         return
     with open(shard, "rb") as f:
@@ -288,7 +284,7 @@ def index_text(shard: Path) -> str:
 
 def resolve_shards(root_text: str) -> Dataset:
     """Our shards at ROOT (with manifest.json; a folder or an s3:// prefix) as a Dataset."""
-    root = root_text.rstrip("/") if store.is_remote(root_text) else str(Path(root_text))
+    root = str(Path(root_text)) if storage.open(root_text).is_local else root_text.rstrip("/")
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
     splits, sources = {}, []
@@ -301,7 +297,7 @@ def resolve_shards(root_text: str) -> Dataset:
             sources.append(shard)
             checked.append((shard, entries, labels))
             name = shard.rpartition("/")[2]
-            builder.add([f"{name}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
+            builder.add([storage.member_path(name, n, o, s) for n, o, s, _, _ in entries], labels)
         if not len(builder):
             raise ShardError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
@@ -315,7 +311,7 @@ def resolve_shards(root_text: str) -> Dataset:
 def _state_key(root: str, shards: list[str], digest: str) -> str:
     """Once per dataset state: the shards', indexes' and manifest's sizes and times (locally),
     or their names, sizes and ETags (in a store, where an object has no time to stat)."""
-    if store.is_remote(root):
+    if not storage.open(root).is_local:
         return stat_key([], f"{root} {digest}")
     files = [Path(root) / MANIFEST, *(p for s in shards for p in (Path(s), Path(_index_of(s))))]
     return stat_key(str(p.resolve()) for p in files)

@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import BinaryIO
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cache_dir, stat_key, write_cache_file
@@ -61,10 +61,11 @@ def _listing(root: str) -> dict[str, tuple[int, str]]:
     """The objects right under an s3:// root and its train/ and val/, {name relative to the
     root: (size, ETag)}: where shards can be, listed without walking anything deeper (an
     ImageFolder's class prefixes, when `data check` asks whether ROOT holds shards)."""
-    found = store.list_objects(root, shallow=True)
+    found = storage.list_objects(root, shallow=True)
     for split in SPLITS:
         found |= {
-            f"{split}/{k}": v for k, v in store.list_objects(store.join(root, split), shallow=True).items()
+            f"{split}/{k}": v
+            for k, v in storage.list_objects(storage.join(root, split), shallow=True).items()
         }
     return found
 
@@ -72,12 +73,12 @@ def _listing(root: str) -> dict[str, tuple[int, str]]:
 def _shard_files(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None = None) -> list[Shard]:
     """The split's shard files, plain and compressed: ROOT/SPLIT/*, else ROOT/SPLIT*."""
     suffixes = (".tar", *_COMPRESSED_NAMES)
-    if store.is_remote(root):
+    if isinstance(root, str) and not storage.open(root).is_local:
         names = _listing(str(root)) if listed is None else listed
         inside = any(name.startswith(f"{split}/") for name in names)
         prefix = f"{split}/" if inside else split
         return [
-            store.join(str(root), name)
+            storage.join(str(root), name)
             for name in sorted(names)
             if name.startswith(prefix)
             and "/" not in name[len(prefix) if inside else 0 :]
@@ -173,7 +174,7 @@ def _walk(shard: Shard, f: BinaryIO | RangedFile, size: int) -> Groups:
                     raise ShardError(
                         f"{shard}::{name}: ends past the end of the shard (truncated); copy it again"
                     )
-                if "::" in name:  # the separator of a member reference (data/readers/headers.py)
+                if storage.MEMBER_SEP in name:  # what ends a member reference's shard
                     raise ShardError(
                         f"{shard}::{name}: a member name with '::' cannot be read in place; rename the member"
                     )
@@ -260,7 +261,7 @@ def shard_samples(
     if isinstance(shard, Path):
         key, size = stat_key([str(shard.resolve())], _CACHE_FORMAT), shard.stat().st_size
     else:
-        size, etag = state if state is not None else (store.size(shard), "")
+        size, etag = state if state is not None else (storage.size(shard), "")
         key = stat_key([], f"{_CACHE_FORMAT} {shard} {size} {etag}")
     cache = cache_dir() / "wds" / f"{key}.json"
     if (saved := _cached(cache)) is not None:
@@ -283,7 +284,8 @@ def _tail(root: Shard, shard: Shard) -> str:
 def resolve_foreign(root_text: str | Path) -> Dataset:
     """WebDataset shards under ROOT (a folder or an s3:// prefix) as a Dataset (classes 0..max
     label of train): from a store, the samples, labels and order of a local copy."""
-    root: Shard = str(root_text).rstrip("/") if store.is_remote(str(root_text)) else Path(root_text)
+    in_store = not storage.open(str(root_text)).is_local
+    root: Shard = str(root_text).rstrip("/") if in_store else Path(root_text)
     listed = _listing(str(root)) if isinstance(root, str) else None
     found = {
         split: [
@@ -312,7 +314,9 @@ def resolve_foreign(root_text: str | Path) -> Dataset:
                     f"{shard}: label {max(labels)} is not a train class "
                     f"(train's labels are 0..{len(classes) - 1})"
                 )
-            builder.add([f"{_tail(root, shard)}::{n}:{o}:{s}" for n, o, s, _, _ in entries], labels)
+            builder.add(
+                [storage.member_path(_tail(root, shard), n, o, s) for n, o, s, _, _ in entries], labels
+            )
         if not len(builder):
             raise DatasetError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.decode_pool import decode_all
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
@@ -64,7 +64,7 @@ def kind_of(reason: str) -> str:
     return next((kind for needle, kind in rules if needle in text), "decode error")
 
 
-# A checked file: a local path, or an s3:// URL (which a Path would spoil: "s3:/b/k").
+# A checked file: a local path, or a store's URL (which a Path would spoil: "s3:/b/k").
 Where = Path | str
 
 
@@ -134,19 +134,21 @@ def _objects(root: str) -> list[Where]:
 
     found: list[Where] = []
     for split, prefixes in class_prefixes(root).items():
-        split_url = store.join(root, split)
+        split_url = storage.join(root, split)
         classes = tuple(prefixes)
         if not classes:
             raise DatasetError(f"{split_url}/ has no class prefixes; expected {split_url}/<class>/<image>")
         names, _ = class_objects(split_url, classes)
-        found += [store.join(split_url, c, n) for c, files in zip(classes, names, strict=True) for n in files]
+        found += [
+            storage.join(split_url, c, n) for c, files in zip(classes, names, strict=True) for n in files
+        ]
     return found
 
 
 def _is_shards(root: Where) -> bool:
     if isinstance(root, Path):
         return (root / "manifest.json").is_file() or is_shard_folder(root)
-    return store.exists(store.join(root, "manifest.json")) or is_shard_folder(root)
+    return storage.exists(storage.join(root, "manifest.json")) or is_shard_folder(root)
 
 
 def _suffix(path: Where) -> str:
@@ -154,15 +156,23 @@ def _suffix(path: Where) -> str:
 
 
 def check_dataset(
-    root: str | Path, *, workers: int = -1, max_pixels: int = DEFAULT_MAX_PIXELS, progress: bool = True
+    root: str | Path,
+    *,
+    workers: int = -1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: bool = True,
+    endpoint_url: str = "",
 ) -> CheckReport:
-    """Fully decode every image under ROOT/{train,val} (a folder or an s3:// prefix) in
-    `workers` processes (or, for tar shards, check them whole: see `check_shards`)."""
-    where: Where = str(root).rstrip("/") if store.is_remote(str(root)) else Path(root)
+    """Fully decode every image under ROOT/{train,val} (a folder or a store's prefix) in
+    `workers` processes (or, for tar shards, check them whole: see `check_shards`).
+    `endpoint_url`: an s3:// root's endpoint, as a recipe's data.endpoint_url."""
+    storage.configure(endpoint_url)
+    in_store = not storage.open(str(root)).is_local
+    where: Where = str(root).rstrip("/") if in_store else Path(root)
     if isinstance(where, Path):
         _name_interrupted_pack(where)
     else:  # as train starts: a wrong endpoint, bucket or key pair in one line, not the outage wait
-        store.check_readable(where)
+        storage.check_readable(where)
     if _is_shards(where):
         return check_shards(
             where, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
@@ -226,12 +236,9 @@ def summary(report: CheckReport) -> str:
 
 
 def _checksum_problems(root: Where) -> list[tuple[Where, str]]:
-    manifest_path = store.join(str(root), "manifest.json")
+    manifest_path = storage.join(str(root), "manifest.json")
     try:
-        if isinstance(root, str):
-            text = store.read(manifest_path).decode() if store.exists(manifest_path) else ""
-        else:
-            text = Path(manifest_path).read_text() if Path(manifest_path).is_file() else ""
+        text = storage.read(manifest_path).decode() if storage.exists(manifest_path) else ""
         if not text:
             return []  # other people's shards: no checksums to compare
         manifest = json.loads(text)
@@ -239,10 +246,10 @@ def _checksum_problems(root: Where) -> list[tuple[Where, str]]:
     except (ValueError, KeyError, TypeError):
         return []  # resolve_dataset names what is wrong with the manifest
     problems: list[tuple[Where, str]] = []
-    present = store.list_objects(root) if isinstance(root, str) else None
+    present = storage.list_objects(root) if isinstance(root, str) else None
     for entry in shards:
         name = Path(str(entry.get("name", ""))).name
-        shard: Where = store.join(root, name) if isinstance(root, str) else root / name
+        shard: Where = storage.join(root, name) if isinstance(root, str) else root / name
         found = name in present if present is not None else Path(shard).is_file()
         if found and file_sha256(shard) != entry.get("sha256"):
             problems.append(
@@ -264,7 +271,7 @@ def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) 
     report.bad += _checksum_problems(root)
     try:
         dataset: Dataset = resolve_dataset(DataConfig(root=str(root), format="tar"))
-    except (DatasetError, store.StoreError) as exc:  # a shard that cannot be read is named too
+    except (DatasetError, storage.StoreError) as exc:  # a shard that cannot be read is named too
         report.bad.append((root, f"shard: {exc}"))
         report.seconds = time.perf_counter() - started
         return report
@@ -275,7 +282,7 @@ def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) 
         for path, label, reason in zip(paths, listing.labels.tolist(), reasons):
             name = f"{split}/{dataset.classes[label]}"
             report.per_class[name] += 1
-            where: Where = path if store.is_remote(path) else Path(path)
+            where: Where = Path(path) if storage.open(path).is_local else path
             if reason is None:
                 report.good.append(where)
             else:

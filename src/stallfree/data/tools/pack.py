@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stallfree.data.readers import store
+from stallfree.data import storage
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.listing import SPLITS
@@ -71,8 +71,8 @@ def write_index(shard: Path) -> int:
 def file_sha256(path: str | Path) -> str:
     """SHA-256 of a file (read in 1 MiB blocks) or of an s3:// object (in large ranged GETs)."""
     digest = hashlib.sha256()
-    if store.is_remote(str(path)):
-        remote = RangedFile(str(path), store.size(str(path)))
+    if not storage.open(str(path)).is_local:
+        remote = RangedFile(str(path), storage.size(str(path)))
         while block := remote.read(RangedFile.SPAN):
             digest.update(block)
         return digest.hexdigest()
@@ -84,7 +84,7 @@ def file_sha256(path: str | Path) -> str:
 
 def _contents(paths: list[str]) -> Iterator[bytes]:
     """Each file's bytes in order; objects in a store fetched `_READ_AHEAD` at a time."""
-    if not paths or not store.is_remote(paths[0]):
+    if not paths or storage.open(paths[0]).is_local:
         yield from (Path(p).read_bytes() for p in paths)
         return
     with ThreadPoolExecutor(8) as pool:
@@ -145,7 +145,7 @@ def pack_dataset(
     Everything is written into a temporary folder beside OUT and renamed into place at the
     end, so an interrupted pack leaves no shards of one run under a manifest of another.
     """
-    if store.is_remote(str(out)):
+    if not storage.open(str(out)).is_local:
         raise PackError(
             f"{out}: data pack writes a local folder; pack into one, then upload it whole "
             "(e.g. `aws s3 cp --recursive OUT s3://...`) and train from that prefix"
