@@ -1,0 +1,253 @@
+"""An obstore store for one bucket of S3, Google Cloud Storage or Azure Blob Storage, configured
+by each cloud's standard variables alone (no recipe key); the one module that knows them.
+
+- `s3://bucket`: the endpoint from `endpoint_url` (data.endpoint_url), `AWS_ENDPOINT_URL_S3`
+  or `AWS_ENDPOINT_URL`; credentials from boto3's chain (keys, profiles, SSO, roles) where
+  boto3 is installed, else from obstore's own reading of the AWS_* variables.
+- `gs://bucket` (`gcs://` too): `GOOGLE_APPLICATION_CREDENTIALS` or `GOOGLE_SERVICE_ACCOUNT`
+  (a service-account JSON), gcloud's application-default login, or the metadata server on
+  Google Cloud. `STORAGE_EMULATOR_HOST` (read as Google's own clients read it) points every
+  request at an emulator, unsigned.
+- `az://container` (`azure://` too): `AZURE_STORAGE_CONNECTION_STRING` (its AccountName,
+  AccountKey or SharedAccessSignature, BlobEndpoint; `UseDevelopmentStorage=true` is Azurite),
+  or `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or obstore's other Azure
+  credentials: a SAS token, Entra ID). `abfs://` is refused: it names Data Lake file systems
+  (`fs@account.dfs.core.windows.net`), whose URLs carry the account this form leaves out.
+
+Credentials go to obstore and nowhere else: no error, log line or file holds one (an error
+names the variable, never its value).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stallfree.errors import StallfreeError
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    CloudStore: TypeAlias = S3Store | GCSStore | AzureStore
+
+# Every URL scheme an object store is reached by, and the cloud it names.
+SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "az": "az", "azure": "az"}
+# The variables each cloud is configured by, for an error's hint.
+_VARIABLES = {"s3": "AWS_*", "gs": "GOOGLE_* and STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_*"}
+# Azurite's documented development account (public, the same on every machine).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_ENDPOINT = f"http://127.0.0.1:10000/{AZURITE_ACCOUNT}"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+_GCS_CREDENTIALS = (
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_SERVICE_ACCOUNT",
+    "GOOGLE_SERVICE_ACCOUNT_PATH",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_BEARER_TOKEN",
+)
+
+# Where Linux shows the machine's product name: "Google Compute Engine" on Google Cloud.
+_FIRMWARE_PRODUCT = Path("/sys/class/dmi/id/product_name")
+
+
+class CloudConfigError(StallfreeError, ValueError):
+    """An object store URL this machine is not configured to reach (names the variables)."""
+
+
+def open_store(
+    scheme: str,
+    bucket: str,
+    *,
+    endpoint_url: str = "",
+    client_options: dict[str, Any] | None = None,
+    retry_config: dict[str, Any] | None = None,
+) -> CloudStore:
+    """The obstore store of `scheme://bucket` (an S3 bucket, a GCS bucket, an Azure container).
+    `endpoint_url` overrides the cloud's endpoint (S3's, GCS's base URL, Azure's blob
+    endpoint); `client_options` / `retry_config` are obstore's, passed on."""
+    cloud = SCHEMES.get(scheme)
+    url = f"{scheme}://{bucket}"
+    if cloud is None:
+        hint = "; for Azure use az://container/prefix" if scheme.startswith("abfs") else ""
+        raise CloudConfigError(f"{url}: unknown object store scheme (known: {', '.join(SCHEMES)}){hint}")
+    if not bucket:
+        raise CloudConfigError(f"{url}: no bucket in the URL; write {scheme}://bucket/prefix")
+    try:
+        from obstore.exceptions import BaseError
+    except ImportError:
+        raise CloudConfigError(f"{url}: object stores need obstore: pip install 'stallfree[s3]'") from None
+    try:
+        return _OPENERS[cloud](url, bucket, endpoint_url, dict(client_options or {}), retry_config)
+    except BaseError as exc:  # a setting obstore cannot use; its first line names which, not its value
+        raise CloudConfigError(
+            f"{url}: {str(exc).splitlines()[0]} (check the {_VARIABLES[cloud]} variables)"
+        ) from None
+
+
+def _http(options: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """Plain HTTP only where the endpoint says so (an emulator on loopback)."""
+    if endpoint.startswith("http://"):
+        options.setdefault("allow_http", True)
+    return options
+
+
+def _open_s3(
+    url: str, bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
+) -> CloudStore:
+    from obstore.store import S3Store
+
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
+    config: dict[str, Any] = {}
+    provider = None
+    try:
+        import boto3
+    except ImportError:
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    else:
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        session = boto3.Session()
+        if session.get_credentials() is None:
+            raise CloudConfigError(
+                f"{url}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, or run where an instance or pod role is available)"
+            )
+        provider, region = Boto3CredentialProvider(session), session.region_name
+    if endpoint:
+        # A custom endpoint (MinIO, SeaweedFS, R2...) is addressed path-style, as botocore does.
+        config |= {"endpoint": endpoint, "virtual_hosted_style_request": False}
+    return S3Store(
+        bucket,
+        config={**config, "region": region or "us-east-1"},
+        client_options=_http(options, endpoint),
+        retry_config=retry,
+        credential_provider=provider,
+    )
+
+
+def _gcs_credentials_found() -> bool:
+    """Whether obstore will find Google credentials, in the order Google's clients look:
+    a variable, gcloud's application-default login, then the metadata server of a Google
+    Cloud machine (told by its firmware's product name, as google-auth does)."""
+    if any(os.environ.get(name) for name in (*_GCS_CREDENTIALS, "GCE_METADATA_HOST")):
+        return True
+    gcloud = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    if (gcloud / "application_default_credentials.json").is_file():
+        return True
+    try:
+        return "Google" in _FIRMWARE_PRODUCT.read_text()
+    except OSError:
+        return False
+
+
+def _service_account_base_url() -> str:
+    """The `gcs_base_url` of the service-account JSON GOOGLE_SERVICE_ACCOUNT names (obstore's
+    own way to an emulator, with `disable_oauth`): plain HTTP is allowed for such a URL alone."""
+    path = os.environ.get("GOOGLE_SERVICE_ACCOUNT") or os.environ.get("GOOGLE_SERVICE_ACCOUNT_PATH")
+    if not path:
+        return ""
+    try:
+        return str(json.loads(Path(path).read_text()).get("gcs_base_url", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""  # obstore's own reading of it names the problem
+
+
+def _open_gcs(
+    url: str, bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
+) -> CloudStore:
+    from obstore.store import GCSStore
+
+    config: dict[str, Any] = {}
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if emulator:
+        # Google's clients take "host:port" or a URL, and send no credentials to an emulator.
+        endpoint = endpoint or (emulator if "://" in emulator else f"http://{emulator}")
+        config["skip_signature"] = True
+    elif not _gcs_credentials_found():
+        raise CloudConfigError(
+            f"{url}: no Google credentials (set GOOGLE_APPLICATION_CREDENTIALS to a service-account "
+            "JSON, run `gcloud auth application-default login`, or set STORAGE_EMULATOR_HOST "
+            "for an emulator)"
+        )
+    if endpoint:
+        config["base_url"] = endpoint.rstrip("/")
+    return GCSStore(
+        bucket,
+        config=config,
+        client_options=_http(options, endpoint or _service_account_base_url()),
+        retry_config=retry,
+    )
+
+
+def parse_connection_string(text: str) -> dict[str, str]:
+    """An Azure Storage connection string's fields (`Key=Value;...`; keys as written, matched
+    without case by `azure_config`). A field without `=` is refused, naming its position only."""
+    fields: dict[str, str] = {}
+    for i, part in enumerate(p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise CloudConfigError(
+                f"AZURE_STORAGE_CONNECTION_STRING: field {i + 1} is not Key=Value (the value is not shown)"
+            )
+        fields[key.strip().lower()] = value.strip()
+    return fields
+
+
+def azure_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """obstore's AzureStore settings from the standard variables of `env`: a connection string
+    first (as Azure's SDKs prefer it), then obstore reads the rest (account name, key...)."""
+    text = env.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    if not text:
+        return {}
+    fields = parse_connection_string(text)
+    if fields.get("usedevelopmentstorage", "").lower() == "true":  # Azurite on its default port
+        fields = {"accountname": AZURITE_ACCOUNT, "accountkey": AZURITE_KEY, "blobendpoint": AZURITE_ENDPOINT}
+    account = fields.get("accountname", "")
+    if not account:
+        raise CloudConfigError("AZURE_STORAGE_CONNECTION_STRING has no AccountName (the value is not shown)")
+    config: dict[str, Any] = {"account_name": account}
+    if fields.get("accountkey"):
+        config["account_key"] = fields["accountkey"]
+    if fields.get("sharedaccesssignature"):
+        config["sas_key"] = fields["sharedaccesssignature"]
+    if fields.get("blobendpoint"):
+        config["endpoint"] = fields["blobendpoint"].rstrip("/")
+    elif account and fields.get("endpointsuffix"):  # a sovereign cloud (China, US Gov)
+        protocol = fields.get("defaultendpointsprotocol", "https")
+        config["endpoint"] = f"{protocol}://{account}.blob.{fields['endpointsuffix']}"
+    return config
+
+
+def _open_azure(
+    url: str, container: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
+) -> CloudStore:
+    from obstore.store import AzureStore
+
+    config = azure_config(os.environ)
+    if not config and not os.environ.get("AZURE_STORAGE_ACCOUNT_NAME"):
+        raise CloudConfigError(
+            f"{url}: no Azure storage account (set AZURE_STORAGE_CONNECTION_STRING, or "
+            "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY)"
+        )
+    if endpoint:
+        config["endpoint"] = endpoint.rstrip("/")
+    return AzureStore(
+        container,
+        config=config,
+        client_options=_http(options, config.get("endpoint", "")),
+        retry_config=retry,
+    )
+
+
+_OPENERS: dict[str, Callable[[str, str, str, dict[str, Any], dict[str, Any] | None], CloudStore]] = {
+    "s3": _open_s3,
+    "gs": _open_gcs,
+    "az": _open_azure,
+}
