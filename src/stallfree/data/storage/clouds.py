@@ -4,15 +4,18 @@ by each cloud's standard variables alone (no recipe key); the one module that kn
 - `s3://bucket`: the endpoint from `endpoint_url` (data.endpoint_url), `AWS_ENDPOINT_URL_S3`
   or `AWS_ENDPOINT_URL`; credentials from boto3's chain (keys, profiles, SSO, roles) where
   boto3 is installed, else from obstore's own reading of the AWS_* variables.
-- `gs://bucket` (`gcs://` too): `GOOGLE_APPLICATION_CREDENTIALS` or `GOOGLE_SERVICE_ACCOUNT`
+- `gs://bucket`: `GOOGLE_APPLICATION_CREDENTIALS` or `GOOGLE_SERVICE_ACCOUNT`
   (a service-account JSON), gcloud's application-default login, or the metadata server on
   Google Cloud. `STORAGE_EMULATOR_HOST` (read as Google's own clients read it) points every
   request at an emulator, unsigned.
-- `az://container` (`azure://` too): `AZURE_STORAGE_CONNECTION_STRING` (its AccountName,
+- `az://container`: `AZURE_STORAGE_CONNECTION_STRING` (its AccountName,
   AccountKey or SharedAccessSignature, BlobEndpoint; `UseDevelopmentStorage=true` is Azurite),
   or `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or obstore's other Azure
-  credentials: a SAS token, Entra ID). `abfs://` is refused: it names Data Lake file systems
-  (`fs@account.dfs.core.windows.net`), whose URLs carry the account this form leaves out.
+  credentials: a SAS token, Entra ID).
+
+One spelling a store: `gcs://`, `azure://` and `abfs://` are refused, so that cache keys and
+listings never split in two (`abfs://` also names Data Lake file systems by
+`fs@account.dfs.core.windows.net`, an account this form leaves to the variables).
 
 Credentials go to obstore and nowhere else: no error, log line or file holds one (an error
 names the variable, never its value).
@@ -35,8 +38,10 @@ if TYPE_CHECKING:
 
     CloudStore: TypeAlias = S3Store | GCSStore | AzureStore
 
-# Every URL scheme an object store is reached by, and the cloud it names.
-SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "az": "az", "azure": "az"}
+# The URL schemes of the object stores, one a cloud.
+SCHEMES = ("s3", "gs", "az")
+# Other tools' spellings of them, refused with the one to write.
+_SPELLINGS = {"gcs": "gs://bucket/prefix", "azure": "az://container/prefix", "abfs": "az://container/prefix"}
 # The variables each cloud is configured by, for an error's hint.
 _VARIABLES = {"s3": "AWS_*", "gs": "GOOGLE_* and STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_*"}
 # Azurite's documented development account (public, the same on every machine).
@@ -70,11 +75,11 @@ def open_store(
     """The obstore store of `scheme://bucket` (an S3 bucket, a GCS bucket, an Azure container).
     `endpoint_url` overrides the cloud's endpoint (S3's, GCS's base URL, Azure's blob
     endpoint); `client_options` / `retry_config` are obstore's, passed on."""
-    cloud = SCHEMES.get(scheme)
     url = f"{scheme}://{bucket}"
-    if cloud is None:
-        hint = "; for Azure use az://container/prefix" if scheme.startswith("abfs") else ""
-        raise CloudConfigError(f"{url}: unknown object store scheme (known: {', '.join(SCHEMES)}){hint}")
+    if scheme not in SCHEMES:
+        known = ", ".join(SCHEMES)
+        hint = f"; write {_SPELLINGS[scheme]}" if scheme in _SPELLINGS else ""
+        raise CloudConfigError(f"{url}: unknown object store scheme (known: {known}){hint}")
     if not bucket:
         raise CloudConfigError(f"{url}: no bucket in the URL; write {scheme}://bucket/prefix")
     try:
@@ -82,10 +87,10 @@ def open_store(
     except ImportError:
         raise CloudConfigError(f"{url}: object stores need obstore: pip install 'stallfree[s3]'") from None
     try:
-        return _OPENERS[cloud](url, bucket, endpoint_url, dict(client_options or {}), retry_config)
+        return _OPENERS[scheme](url, bucket, endpoint_url, dict(client_options or {}), retry_config)
     except BaseError as exc:  # a setting obstore cannot use; its first line names which, not its value
         raise CloudConfigError(
-            f"{url}: {str(exc).splitlines()[0]} (check the {_VARIABLES[cloud]} variables)"
+            f"{url}: {str(exc).splitlines()[0]} (check the {_VARIABLES[scheme]} variables)"
         ) from None
 
 
