@@ -222,3 +222,18 @@ def test_a_configuration_obstore_refuses_is_one_line_naming_the_url(bare: pytest
     with pytest.raises(CloudConfigError, match=r"^az://bkt: ") as err:
         open_store("az", "bkt")
     assert "hush" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_environment_holds_what_open_store_reads(bare: pytest.MonkeyPatch) -> None:
+    """A store helper started with other values must be told apart (it compares these)."""
+    before = clouds.environment()
+    bare.setenv("AZURE_STORAGE_CONNECTION_STRING", AZURITE_STRING)
+    bare.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:9")
+    bare.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    after = clouds.environment()
+    assert {k for k in after if after[k] != before.get(k)} == {
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "STORAGE_EMULATOR_HOST",
+        "AWS_ENDPOINT_URL",
+    }
+    assert "PATH" not in after

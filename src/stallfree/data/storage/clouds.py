@@ -56,6 +56,9 @@ _GCS_CREDENTIALS = (
     "GOOGLE_BEARER_TOKEN",
 )
 
+# The variables open_store reads, by prefix: a process that opens stores for another (started
+# with that one's environment) must be started again when they change.
+_READS = ("AWS_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST", "GCE_METADATA_HOST", "CLOUDSDK_CONFIG")
 # Where Linux shows the machine's product name: "Google Compute Engine" on Google Cloud.
 _FIRMWARE_PRODUCT = Path("/sys/class/dmi/id/product_name")
 
@@ -92,6 +95,11 @@ def open_store(
         raise CloudConfigError(
             f"{url}: {str(exc).splitlines()[0]} (check the {_VARIABLES[scheme]} variables)"
         ) from None
+
+
+def environment() -> dict[str, str]:
+    """The variables `open_store` reads, as they are now: to compare, never to print."""
+    return {name: value for name, value in os.environ.items() if name.startswith(_READS)}
 
 
 def _http(options: dict[str, Any], endpoint: str) -> dict[str, Any]:
