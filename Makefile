@@ -38,10 +38,16 @@ demo: $(STAMP) $(DEMO)/.complete
 	$(VENV)/bin/stallfree compare runs/demo-dali runs/demo-torch
 	$(ACTIVATE)
 
+# Azurite (Azure Blob Storage's emulator, a node program) for the az:// tests, from npm into
+# tests/.node. Without node or npm the install fails, ignored: those tests then say why.
+AZURITE ?= azurite@3.35.0
+tests/.node/node_modules/.bin/azurite-blob:
+	-npm install --silent --no-audit --no-fund --prefix tests/.node $(AZURITE)
+
 # One pytest worker per core; worksteal evens out the few long end-to-end tests.
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
-test: $(STAMP)
+test: $(STAMP) tests/.node/node_modules/.bin/azurite-blob
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 # What tests/test_style.py checks, alone and in seconds (.pre-commit-config.yaml runs the same).

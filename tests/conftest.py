@@ -99,3 +99,35 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory):
+    """fake-gcs-server on loopback for the session; STORAGE_EMULATOR_HOST points this process
+    and its children at it (restored at the end)."""
+    from emulators import environment
+    from gcs_server import Server, need_binary
+
+    server = Server(need_binary(), tmp_path_factory.mktemp("fake-gcs"))
+    server.start()
+    try:
+        with environment(server.env()):
+            yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory):
+    """Azurite on loopback for the session; AZURE_STORAGE_CONNECTION_STRING (its development
+    account) points this process and its children at it (restored at the end)."""
+    from azure_server import Server, need_binary
+    from emulators import environment
+
+    server = Server(need_binary(), tmp_path_factory.mktemp("azurite"))
+    server.start()
+    try:
+        with environment(server.env()):
+            yield server
+    finally:
+        server.kill()

@@ -9,13 +9,20 @@ from stallfree.errors import PREEMPTED_EXIT_CODE, StallfreeError
 OUTAGE_ENV = "STALLFREE_STORE_OUTAGE_S"
 
 
+_HINTS = {
+    "s3": "check the URL, the endpoint (AWS_ENDPOINT_URL or data.endpoint_url) and the "
+    "credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, or a role)",
+    "gs": "check the URL and the credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
+    "STORAGE_EMULATOR_HOST for an emulator)",
+    "az": "check the URL and the account (AZURE_STORAGE_CONNECTION_STRING, or "
+    "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY)",
+}
+
+
 class StoreError(StallfreeError):
     """An object-store URL that cannot be read; the message names the URL and the reason."""
 
-    hint = (
-        "check the URL, the endpoint (AWS_ENDPOINT_URL or data.endpoint_url) and the "
-        "credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, ~/.aws, or a role)"
-    )
+    hint = _HINTS["s3"]
 
     def __init__(self, message: str = "") -> None:
         # torch's DataLoader re-raises a worker's error as this type, built from "Caught
@@ -24,6 +31,8 @@ class StoreError(StallfreeError):
             last = message.rstrip().splitlines()[-1]
             message = last.partition(f"{type(self).__name__}: ")[2] or last
         super().__init__(message)
+        if type(self).hint == StoreError.hint:  # the settings to check are the named store's
+            self.hint = next((h for s, h in _HINTS.items() if f"{s}://" in message), self.hint)
 
 
 class NoSuchObjectError(StoreError):

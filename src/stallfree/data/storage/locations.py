@@ -23,6 +23,11 @@ def scheme_of(location: str | os.PathLike[str]) -> str:
         return scheme
     if "/" in scheme or not scheme.isidentifier():
         return ""  # a local path that holds "://" further on ("/data/s3://x")
+    spelled = {"gcs": "gs", "azure": "az", "abfs": "az", "s3a": "s3"}.get(scheme)
+    if spelled:
+        raise StoreError(
+            f"{location}: write {spelled}://BUCKET/PREFIX (stallfree's one spelling of that store)"
+        )
     raise StoreError(
         f"{location}: {scheme}:// is not a store stallfree reads; use "
         + ", ".join(f"{s}://BUCKET/PREFIX" for s in SCHEMES)

@@ -1,0 +1,160 @@
+"""Training from Google Cloud Storage and Azure Blob Storage (fake-gcs-server and Azurite on
+loopback, reached by the clouds' standard variables alone): the same run as from a local copy,
+bitwise, on both loaders, from folders and from stallfree's shards; a wrong root, missing
+credentials and a dead endpoint are one line at start naming the URL. S3's own runs of the
+same contract are tests/test_s3_roots.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import small_recipe
+
+from stallfree.cli import main
+from stallfree.data.storage.clouds import AZURITE_KEY
+from stallfree.recipe import dump_toml
+from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.run import train
+
+BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
+SERVERS = {"gs": "gcs_server", "az": "azure_server"}
+# What must never reach a run's files: each store's credentials (Azurite's key is public, but
+# it stands for a real one here). The GCS emulator takes no credentials.
+SECRETS = {"gs": [], "az": [AZURITE_KEY.encode()]}
+
+
+@pytest.fixture(scope="module")
+def packed(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("packed")
+    assert main(["data", "pack", str(image_root), str(out), "--shard-size", "200KB", "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
+def remote(request: pytest.FixtureRequest, image_root: Path, packed: Path) -> dict[str, Any]:
+    """One store's server with the folder tree and the shards uploaded to its bucket `roots`."""
+    server = request.getfixturevalue(SERVERS[request.param])
+    return {
+        "scheme": request.param,
+        "server": server,
+        "folder": server.upload_tree(image_root, "roots", "imagenet-tiny"),
+        "tar": server.upload_tree(packed, "roots", "shards"),
+    }
+
+
+@pytest.fixture(scope="module")
+def local_weights(
+    image_root: Path, packed: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], dict[str, torch.Tensor]]:
+    """The final weights of the local run, made once per (format, backend) for every store."""
+    cache: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+
+    def weights(fmt: str, backend: str) -> dict[str, torch.Tensor]:
+        if (fmt, backend) not in cache:
+            out = tmp_path_factory.mktemp(f"local-{fmt}-{backend}")
+            train(_recipe(image_root if fmt == "folder" else packed, fmt, backend), out, progress=False)
+            cache[fmt, backend] = _final_weights(out)
+        return cache[fmt, backend]
+
+    return weights
+
+
+def _final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
+
+
+def _recipe(root: str | Path, fmt: str, backend: str):
+    return small_recipe(
+        root,
+        data={"format": fmt},
+        loader={"backend": backend, "torch": {"workers": 1}},
+        train={"epochs": 1, "batch_size": 12},
+        optim={"name": "sgd", "lr": 0.05},
+    )
+
+
+def _train_cli(root: str, tmp_path: Path, fmt: str = "folder", backend: str = "torch") -> int:
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(dump_toml(_recipe(root, fmt, backend)))
+    return main(["train", str(recipe_path), "--out", str(tmp_path / "run"), "--no-progress"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["folder", "tar"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_from_the_store_is_the_run_from_a_local_copy(
+    remote: dict[str, Any], local_weights: Any, tmp_path: Path, fmt: str, backend: str
+) -> None:
+    assert _train_cli(remote[fmt], tmp_path, fmt, backend) == 0
+    mine, theirs = local_weights(fmt, backend), _final_weights(tmp_path / "run")
+    for name, tensor in mine.items():
+        assert torch.equal(tensor, theirs[name]), name
+    # Credentials come from the environment's standard variables and go nowhere else.
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(secret in data for secret in SECRETS[remote["scheme"]]), path
+
+
+def _one_line_naming(url: str, err: str) -> None:
+    lines = [line for line in err.splitlines() if url in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("no-such-bucket/data", r"no such (bucket|container)"),
+        ("roots/missing", "no objects under this prefix"),
+    ],
+)
+def test_a_wrong_root_is_one_line_before_anything_is_written(
+    remote: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, expected: str
+) -> None:
+    root = f"{remote['scheme']}://{where}"
+    assert _train_cli(root, tmp_path) != 0
+    err = capsys.readouterr().err
+    _one_line_naming(f"{root}/train", err)
+    assert re.search(expected, err), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.e2e
+def test_missing_credentials_are_one_line_naming_the_url(
+    remote: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in remote["server"].env():
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud login either
+    root = f"{remote['scheme']}://nocreds/data"  # a bucket no earlier test made a client for
+    assert _train_cli(root, tmp_path) != 0
+    err = capsys.readouterr().err
+    _one_line_naming(f"{remote['scheme']}://nocreds", err)
+    assert re.search(r"no (Google credentials|Azure storage account)", err), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.e2e
+def test_a_dead_endpoint_is_one_line_naming_the_url(
+    remote: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, dead = remote["server"], "127.0.0.1:9"  # the discard port: nothing listens
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value.replace(server.endpoint.split("/")[2], dead))
+    root = f"{remote['scheme']}://deadend/data"
+    assert _train_cli(root, tmp_path) != 0
+    err = capsys.readouterr().err
+    _one_line_naming(root, err)
+    assert not (tmp_path / "run").exists()

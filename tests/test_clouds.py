@@ -1,0 +1,239 @@
+"""Each cloud is reached by its standard variables alone: Google Cloud Storage (fake-gcs-server)
+and Azure Blob Storage (Azurite) list, read and read ranges through `clouds.open_store`; a
+missing bucket, missing credentials and a dead endpoint are errors, never an empty listing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallfree.data.storage import clouds
+from stallfree.data.storage.clouds import CloudConfigError, azure_config, open_store
+
+obstore = pytest.importorskip("obstore")
+
+AZURITE_STRING = (
+    "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+    f"AccountKey={clouds.AZURITE_KEY};BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
+)
+# Every variable a cloud's credentials or endpoint could come from: cleared for the unit tests.
+_CLOUD_VARS = (
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_SERVICE_ACCOUNT",
+    "GOOGLE_SERVICE_ACCOUNT_PATH",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_BEARER_TOKEN",
+    "GCE_METADATA_HOST",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+)
+
+
+@pytest.fixture
+def bare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No cloud variable, no gcloud login, not on a Google Cloud machine."""
+    for name in _CLOUD_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setattr(clouds, "_FIRMWARE_PRODUCT", tmp_path / "product_name")
+    return monkeypatch
+
+
+def test_azurites_connection_string_names_account_key_and_endpoint() -> None:
+    config = azure_config({"AZURE_STORAGE_CONNECTION_STRING": AZURITE_STRING})
+    assert config == {
+        "account_name": "devstoreaccount1",
+        "account_key": clouds.AZURITE_KEY,
+        "endpoint": "http://127.0.0.1:10000/devstoreaccount1",
+    }
+    assert azure_config({"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}) == config
+
+
+def test_a_sovereign_clouds_connection_string_makes_its_endpoint() -> None:
+    text = (
+        "DefaultEndpointsProtocol=https;AccountName=acct;SharedAccessSignature=sv=1&sig=x;"
+        "EndpointSuffix=core.chinacloudapi.cn"
+    )
+    config = azure_config({"AZURE_STORAGE_CONNECTION_STRING": text})
+    assert config == {
+        "account_name": "acct",
+        "sas_key": "sv=1&sig=x",
+        "endpoint": "https://acct.blob.core.chinacloudapi.cn",
+    }
+
+
+@pytest.mark.parametrize("text", ["AccountKey=hush-hush-key", "AccountName=acct;hush-hush-key"])
+def test_a_bad_connection_string_is_refused_without_its_value(text: str) -> None:
+    with pytest.raises(CloudConfigError) as err:
+        azure_config({"AZURE_STORAGE_CONNECTION_STRING": text})
+    assert "AZURE_STORAGE_CONNECTION_STRING" in str(err.value) and "hush" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "hint"),
+    [("ftp", "known: s3, gs, az"), ("gcs", "write gs://bucket"), ("abfs", "write az://container")],
+)
+def test_an_unknown_scheme_names_the_known_ones(scheme: str, hint: str) -> None:
+    with pytest.raises(CloudConfigError, match=rf"^{scheme}://bkt: unknown object store scheme") as err:
+        open_store(scheme, "bkt")
+    assert hint in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "variables"),
+    [
+        ("gs", "GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON"),
+        ("gs", "STORAGE_EMULATOR_HOST"),
+        ("az", "AZURE_STORAGE_CONNECTION_STRING"),
+        ("az", "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY"),
+    ],
+)
+def test_missing_credentials_are_one_line_naming_the_url_and_variables(
+    bare: pytest.MonkeyPatch, scheme: str, variables: str
+) -> None:
+    with pytest.raises(
+        CloudConfigError, match=rf"^{scheme}://bkt: no (Google credentials|Azure storage account)"
+    ) as err:
+        open_store(scheme, "bkt")
+    assert variables in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_gcloud_login_counts_as_google_credentials(bare: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    login = tmp_path / "gcloud" / "application_default_credentials.json"
+    login.parent.mkdir()
+    login.write_text(
+        json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r"})
+    )
+    assert open_store("gs", "bkt") is not None
+
+
+# -- against the emulators ------------------------------------------------------------------
+
+OBJECTS = {"d/a/1.bin": bytes(range(200)), "d/a/2.bin": b"two", "d/b/3.bin": b"three", "d/top.txt": b"top"}
+
+
+@pytest.fixture(scope="module", params=["gs", "az"])
+def cloud(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    """(scheme, server) with OBJECTS in its bucket `unit`."""
+    server = request.getfixturevalue({"gs": "gcs_server", "az": "azure_server"}[request.param])
+    (server.create_bucket if request.param == "gs" else server.create_container)("unit")
+    for key, data in OBJECTS.items():
+        server.put("unit", key, data)
+    return request.param, server
+
+
+@pytest.mark.e2e
+def test_lists_reads_and_reads_ranges(cloud: tuple[str, Any]) -> None:
+    scheme, _ = cloud
+    store = open_store(scheme, "unit")
+    listed = {o["path"]: o["size"] for o in obstore.list(store, "d/").collect()}
+    assert listed == {key: len(data) for key, data in OBJECTS.items()}
+    level = obstore.list_with_delimiter(store, "d/")
+    assert sorted(level["common_prefixes"]) == ["d/a", "d/b"]
+    assert [o["path"] for o in level["objects"]] == ["d/top.txt"]
+    assert bytes(obstore.get(store, "d/a/1.bin").bytes()) == OBJECTS["d/a/1.bin"]
+    assert bytes(obstore.get_range(store, "d/a/1.bin", start=7, end=130)) == OBJECTS["d/a/1.bin"][7:130]
+    assert obstore.head(store, "d/b/3.bin")["size"] == 5
+
+
+@pytest.mark.e2e
+def test_a_missing_bucket_is_an_error_not_an_empty_listing(cloud: tuple[str, Any]) -> None:
+    store = open_store(cloud[0], "no-such-bucket", retry_config={"max_retries": 0})
+    with pytest.raises(obstore.exceptions.BaseError):
+        obstore.list(store, "d/").collect()
+    with pytest.raises(FileNotFoundError):
+        obstore.head(store, "d/top.txt")
+
+
+@pytest.mark.e2e
+def test_a_dead_endpoint_is_an_error(cloud: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    scheme, server = cloud
+    dead = "127.0.0.1:9"  # the discard port: nothing listens
+    if scheme == "gs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)  # Google's clients take host:port too
+    else:
+        text = server.env()["AZURE_STORAGE_CONNECTION_STRING"].replace(f"127.0.0.1:{server.port}", dead)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", text)
+    store = open_store(scheme, "unit", retry_config={"max_retries": 0})
+    with pytest.raises(obstore.exceptions.BaseError, match=dead):
+        obstore.list(store, "d/").collect()
+
+
+@pytest.mark.e2e
+def test_the_emulator_host_may_omit_the_scheme(gcs_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    gcs_server.create_bucket("hostport")
+    gcs_server.put("hostport", "k", b"value")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{gcs_server.port}")
+    assert bytes(obstore.get(open_store("gs", "hostport"), "k").bytes()) == b"value"
+
+
+@pytest.mark.e2e
+def test_a_service_account_json_may_name_the_endpoint(
+    gcs_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """obstore's own emulator route: GOOGLE_SERVICE_ACCOUNT's JSON with gcs_base_url."""
+    gcs_server.create_bucket("byjson")
+    gcs_server.put("byjson", "k", b"value")
+    account = tmp_path / "account.json"
+    fields = {
+        "gcs_base_url": gcs_server.endpoint,
+        "disable_oauth": True,
+        "client_email": "",
+        "private_key": "",
+        "private_key_id": "",
+    }
+    account.write_text(json.dumps(fields))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(account))
+    assert bytes(obstore.get(open_store("gs", "byjson"), "k").bytes()) == b"value"
+
+
+@pytest.mark.e2e
+def test_an_account_name_and_key_reach_the_endpoint_url(
+    azure_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    azure_server.create_container("bykey")
+    azure_server.put("bykey", "k", b"value")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", clouds.AZURITE_ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", clouds.AZURITE_KEY)
+    store = open_store("az", "bykey", endpoint_url=azure_server.endpoint)
+    assert bytes(obstore.get(store, "k").bytes()) == b"value"
+
+
+@pytest.mark.e2e
+def test_a_wrong_account_key_is_refused(azure_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    azure_server.create_container("wrongkey")
+    azure_server.put("wrongkey", "k", b"value")
+    wrong = azure_server.env()["AZURE_STORAGE_CONNECTION_STRING"].replace(clouds.AZURITE_KEY, "d3Jvbmc=")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", wrong)
+    store = open_store("az", "wrongkey", retry_config={"max_retries": 0})
+    with pytest.raises(obstore.exceptions.PermissionDeniedError):
+        obstore.get(store, "k")
+
+
+def test_a_configuration_obstore_refuses_is_one_line_naming_the_url(bare: pytest.MonkeyPatch) -> None:
+    bare.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=acct;AccountKey=not base64 hush!!")
+    with pytest.raises(CloudConfigError, match=r"^az://bkt: ") as err:
+        open_store("az", "bkt")
+    assert "hush" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_environment_holds_what_open_store_reads(bare: pytest.MonkeyPatch) -> None:
+    """A store helper started with other values must be told apart (it compares these)."""
+    before = clouds.environment()
+    bare.setenv("AZURE_STORAGE_CONNECTION_STRING", AZURITE_STRING)
+    bare.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:9")
+    bare.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    after = clouds.environment()
+    assert {k for k in after if after[k] != before.get(k)} == {
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "STORAGE_EMULATOR_HOST",
+        "AWS_ENDPOINT_URL",
+    }
+    assert "PATH" not in after
