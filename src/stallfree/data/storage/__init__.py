@@ -16,7 +16,7 @@ from types import ModuleType
 
 import stallfree.data.storage.local as local
 import stallfree.data.storage.objects as objects
-from stallfree.data.storage.errors import (
+from stallfree.data.storage.failures import (
     OUTAGE_ENV,
     NoSuchObjectError,
     ObjectGoneError,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import stallfree.data.storage.settings as settings
-from stallfree.data.storage.errors import StoreError
+from stallfree.data.storage.failures import StoreError
 from stallfree.data.storage.locations import SCHEMES
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import stallfree.data.storage.settings as settings
 import stallfree.data.storage.wire as wire
-from stallfree.data.storage.errors import StoreError
+from stallfree.data.storage.failures import StoreError
 
 _HEAD = struct.Struct("!Q")
 _lock = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from stallfree.data.storage.errors import StoreError
+from stallfree.data.storage.failures import StoreError
 
 # The object stores a root may name. "azure://" is not taken: Azure's own tools write
 # az:// (adlfs, obstore) or https://ACCOUNT.blob.core.windows.net, and one spelling a store

@@ -15,7 +15,7 @@ import stallfree.data.storage.dispatch as dispatch
 import stallfree.data.storage.settings as settings
 import stallfree.data.storage.stalls as stalls
 import stallfree.data.storage.wire as wire
-from stallfree.data.storage.errors import (
+from stallfree.data.storage.failures import (
     NoSuchObjectError,
     ObjectGoneError,
     StoreError,

@@ -6,7 +6,7 @@ import hashlib
 import multiprocessing
 import os
 
-from stallfree.data.storage.errors import OUTAGE_ENV
+from stallfree.data.storage.failures import OUTAGE_ENV
 
 # The endpoint of a data.endpoint_url key travels to every process (DataLoader workers, DALI's,
 # spawned or forked, the store helper) through the AWS SDKs' own service-specific variable.
