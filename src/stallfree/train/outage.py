@@ -1,5 +1,5 @@
 """An object store during a run: its retries in the metrics, and an outage that outlasts the
-budget (STALLFREE_S3_OUTAGE_S) stopping the run as a preemption does: a checkpoint at the last
+budget (STALLFREE_STORE_OUTAGE_S) stopping the run as a preemption does: a checkpoint at the last
 optimizer step, preempted.json, one line naming the object and exit code 75, so a requeue (or
 `--resume auto` once the store is back) continues exactly where it stopped.
 """

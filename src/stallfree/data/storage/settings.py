@@ -13,7 +13,8 @@ from stallfree.data.storage.failures import OUTAGE_ENV
 ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
 # Attempts per request (the first one included): waits random in [0, 2^n) s with n the attempt,
 # so a wrong endpoint is named at start within seconds.
-ATTEMPTS_ENV = "STALLFREE_S3_MAX_ATTEMPTS"
+ATTEMPTS_ENV = "STALLFREE_STORE_MAX_ATTEMPTS"
+OLD_ATTEMPTS_ENV = "STALLFREE_S3_MAX_ATTEMPTS"  # its older name, still read
 DEFAULT_ATTEMPTS = 5
 # A store that does not answer at all (down, restarting, a partition) is waited for this long
 # by a read, with jittered pauses, before the read fails: attempts are for blips, this for outages.
@@ -46,8 +47,8 @@ def outage_budget() -> float:
 
 
 def max_attempts() -> int:
-    """Attempts a request (STALLFREE_S3_MAX_ATTEMPTS)."""
-    return max(1, int(os.environ.get(ATTEMPTS_ENV) or DEFAULT_ATTEMPTS))
+    """Attempts a request (STALLFREE_STORE_MAX_ATTEMPTS, or STALLFREE_S3_MAX_ATTEMPTS)."""
+    return max(1, int(os.environ.get(ATTEMPTS_ENV) or os.environ.get(OLD_ATTEMPTS_ENV) or DEFAULT_ATTEMPTS))
 
 
 def attempt_timeout() -> float:
