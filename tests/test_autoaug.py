@@ -138,6 +138,7 @@ def test_policies_agree_in_distribution(image_root: Path, policy: str) -> None:
         assert len(np.unique(ours.round(3))) > 30  # not one operation for every image
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_both_loaders_train_with_a_policy(image_root: Path, backend: str) -> None:
     """A train epoch with RandAugment: the batch contract holds, the pixels differ from the

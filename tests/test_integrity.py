@@ -42,6 +42,7 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:300])
 
 
+@pytest.mark.e2e
 def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
     from stallfree.data.tools.demo import write_demo
 
@@ -66,6 +67,7 @@ def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
     assert done.returncode == 1 and "BadImageError" in done.stderr and victim.name in done.stderr
 
 
+@pytest.mark.e2e
 def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
     root = _root(tmp_path / "data")
     for name in ("0.jpg", "1.jpg"):
@@ -106,6 +108,7 @@ def test_an_empty_val_class_folder_is_warned_about(tmp_path: Path) -> None:
         resolve_dataset(DataConfig(root=str(root)))
 
 
+@pytest.mark.e2e
 def test_a_lost_summary_is_rebuilt_from_the_metrics(tmp_path: Path) -> None:
     root = _root(tmp_path / "data")
     recipe = small_recipe(root, train={"batch_size": 2, "epochs": 2, "log_every": 1})
@@ -119,6 +122,7 @@ def test_a_lost_summary_is_rebuilt_from_the_metrics(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
+@pytest.mark.e2e
 def test_resuming_a_finished_run_with_another_recipe_says_it_had_finished(tmp_path: Path) -> None:
     from stallfree.train.resume import ResumeError
 
@@ -129,6 +133,7 @@ def test_resuming_a_finished_run_with_another_recipe_says_it_had_finished(tmp_pa
         train(other, tmp_path / "run", progress=False, resume="auto")
 
 
+@pytest.mark.e2e
 def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _root(tmp_path / "data")
     recipe = small_recipe(root, train={"batch_size": 2})
@@ -274,6 +279,7 @@ for policy in ("raise", "skip"):
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
 def test_both_loaders_refuse_them_at_start_under_raise_and_skip(
