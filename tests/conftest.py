@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ if _WORKERS > 1:
 # A test that starts a process, trains a run (writes a run directory) or uses a server fixture
 # (`*_server`) is end to end: marked `e2e` here or by its author, and refused those otherwise, so
 # that `pytest -m "not e2e"` is by construction the unit suite. A test marked `slow` is `e2e` too.
-# The ways in: subprocess, multiprocessing's spawn and forkserver, os.system; a run's start.
+# The ways in: subprocess, multiprocessing's spawn and forkserver, os.system; a run's start. A
+# bare fork (a DataLoader's workers) starts no new program and stays allowed.
 _E2E_ONLY = (
     (subprocess.Popen, "_execute_child"),
     (_posixsubprocess, "fork_exec"),
@@ -44,10 +46,11 @@ _E2E_ONLY = (
 )
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     if item.get_closest_marker("e2e"):
-        return (yield)
+        yield
+        return
 
     def refuse(*args: object, **kwargs: object) -> None:
         pytest.fail(f"{item.nodeid} starts a process or a run: mark it @pytest.mark.e2e", pytrace=False)
@@ -56,7 +59,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     for owner, name in _E2E_ONLY:
         setattr(owner, name, refuse)
     try:
-        return (yield)
+        yield
     finally:
         for (owner, name), fn in zip(_E2E_ONLY, saved):
             setattr(owner, name, fn)
