@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
 import importlib.util
 import os
+import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from stallfree.data.tools.demo import write_demo
+from stallfree.train.rundir import RunDir
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 # Start-up check results, packed peer shards and the like go to a cache of the test session
@@ -29,36 +33,43 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
 
 
-# End-to-end modules: they train runs, start CLI subprocesses, torchrun or Slurm jobs. Every
-# test in them is marked `e2e`, as is any test marked `slow`; `pytest -m "not e2e"` runs the rest
-# (unit tests, under a minute). A test elsewhere may carry @pytest.mark.e2e itself.
-_E2E_MODULES = {
-    "test_auto",
-    "test_bench",
-    "test_checkpoint",
-    "test_cluster",
-    "test_docker",
-    "test_doctor",
-    "test_eval",
-    "test_integrity",
-    "test_modern",
-    "test_pillow_corpus",
-    "test_predict",
-    "test_progressive",
-    "test_run",
-    "test_slurm",
-    "test_tar",
-    "test_tar_integrity",
-    "test_trackers",
-    "test_trainer",
-}
+# A test that starts a process, trains a run (writes a run directory) or uses a server fixture
+# (`*_server`) is end to end: marked `e2e` here or by its author, and refused those otherwise, so
+# that `pytest -m "not e2e"` is by construction the unit suite. A test marked `slow` is `e2e` too.
+# The ways in: subprocess, multiprocessing's spawn and forkserver, os.system; a run's start. A
+# bare fork (a DataLoader's workers) starts no new program and stays allowed.
+_E2E_ONLY = (
+    (subprocess.Popen, "_execute_child"),
+    (_posixsubprocess, "fork_exec"),
+    (os, "system"),
+    (RunDir, "start"),
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if item.get_closest_marker("e2e"):
+        yield
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"{item.nodeid} starts a process or a run: mark it @pytest.mark.e2e", pytrace=False)
+
+    saved = [getattr(owner, name) for owner, name in _E2E_ONLY]
+    for owner, name in _E2E_ONLY:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for (owner, name), fn in zip(_E2E_ONLY, saved):
+            setattr(owner, name, fn)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     skip_dali = pytest.mark.skip(reason="needs nvidia-dali (pip install -e '.[dali]')")
     for item in items:
-        if item.path.stem in _E2E_MODULES or "slow" in item.keywords:
+        if "slow" in item.keywords or any(name.endswith("_server") for name in item.fixturenames):
             item.add_marker(pytest.mark.e2e)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)

@@ -38,6 +38,7 @@ def test_public_names_and_signatures_are_the_versioned_contract() -> None:
         assert getattr(stallfree.Loader, name).__doc__, name
 
 
+@pytest.mark.e2e
 def test_import_stallfree_does_not_import_torch() -> None:
     """`import stallfree` stays light: the CLI reports a bad recipe before torch loads."""
     code = "import sys, stallfree; stallfree.loader; assert 'torch' not in sys.modules, 'torch'"

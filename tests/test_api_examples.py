@@ -22,6 +22,8 @@ import stallfree
 from stallfree.parallel import DistInfo
 from stallfree.recipe import apply_overrides, load_recipe
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -67,6 +67,7 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(
     loader.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_auto_counts_are_measured_and_kept(
     image_root: Path, backend: str, monkeypatch: pytest.MonkeyPatch
@@ -89,6 +90,7 @@ def test_auto_counts_are_measured_and_kept(
         ctx.loader(split).close()
 
 
+@pytest.mark.e2e
 def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,6 +147,7 @@ def test_synthetic_decode_names_the_users_file(tmp_path: Path) -> None:
     assert info.value.path == str(bad)
 
 
+@pytest.mark.e2e
 def test_eval_measures_auto_once_in_prepare_and_its_loader_uses_it(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,6 +149,7 @@ def test_the_dali_graph_applies_the_drawn_operations(image_root: Path, policy: s
         assert diff.mean() < 0.25 and (len(names) > 1 or diff.max() <= 1), (names, diff.max(), diff.mean())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_both_loaders_train_with_a_policy(image_root: Path, backend: str) -> None:
     """A train epoch with RandAugment: the batch contract holds, the pixels differ from the

@@ -249,6 +249,7 @@ def test_photo_like_data_is_photo_sized(tmp_path: Path) -> None:
     assert 50 < mean_kb < 200, mean_kb
 
 
+@pytest.mark.e2e
 def test_profile_writes_a_trace(image_root: Path, tmp_path: Path) -> None:
     from stallfree.train.run import train
 
@@ -288,6 +289,7 @@ def _gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.e2e
 def test_gpu_check_fails_loudly_when_dali_is_required_but_missing(tmp_path: Path) -> None:
     # A regular package named `nvidia` first on the path hides the installed nvidia.dali.
     (tmp_path / "nodali" / "nvidia").mkdir(parents=True)
@@ -306,6 +308,7 @@ def test_gpu_check_fails_loudly_when_dali_is_required_but_missing(tmp_path: Path
     assert not (tmp_path / "out" / "loader").exists()  # ...and nothing was measured
 
 
+@pytest.mark.e2e
 def test_gpu_check_refuses_an_empty_wheelhouse(tmp_path: Path) -> None:
     (tmp_path / "wheels").mkdir()
     result = _gpu_check(

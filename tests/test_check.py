@@ -143,6 +143,7 @@ def test_skip_on_torch_drops_the_bad_samples_and_duplicates_none(tmp_path: Path)
     assert bad[0].exists()
 
 
+@pytest.mark.e2e
 def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
     import json
 
@@ -180,6 +181,7 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(
     again.close()
 
 
+@pytest.mark.e2e
 def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,8 @@ from stallfree.train.checkpoint import Checkpointer, CheckpointError, load_check
 from stallfree.train.resume import ResumeError
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 
 

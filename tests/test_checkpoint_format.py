@@ -31,6 +31,7 @@ def _fixture_recipe(image_root: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     )
 
 
+@pytest.mark.e2e
 def test_a_format_1_checkpoint_resumes_and_is_upgraded(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

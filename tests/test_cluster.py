@@ -24,6 +24,8 @@ from stallfree.data.readers.imageio import BadImageError, bad_headers
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 CPU = torch.device("cpu")
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d stallfree: ")
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 
 

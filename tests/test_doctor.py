@@ -15,6 +15,8 @@ from helpers import small_recipe
 
 from stallfree.recipe import dump_toml
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 def _blocked(tmp_path: Path, *modules: str) -> dict[str, str]:
     """An environment where importing `modules` fails as if they were not installed."""

@@ -14,6 +14,8 @@ from helpers import small_recipe
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 def _eval(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict:
     launcher = (

@@ -17,6 +17,8 @@ from stallfree.train.ema import ModelEma
 from stallfree.train.mix import Mixer
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 def test_ema_follows_the_warmed_up_decay() -> None:
     model = nn.Linear(2, 1, bias=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers import exif_block, jpeg_with_segments
 
-pytestmark = pytest.mark.dali
+pytestmark = [pytest.mark.dali, pytest.mark.e2e]
 PILLOW = "13.0.0"
 CACHE = Path(__file__).resolve().parents[1] / "data" / "pillow-corpus"
 WORKER = Path(__file__).parent / "pillow_sweep.py"

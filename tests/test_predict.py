@@ -15,6 +15,8 @@ from stallfree.data.tools.demo import draw_image
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 # Not the demo's names and not in label order as written: the label map is train's sorted
 # folder names, so "apple" is 0, "mango" 1 and "zebra" 2.
 NAMES = ("zebra", "apple", "mango")

@@ -17,6 +17,8 @@ from stallfree.recipe import AugmentConfig
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 SCHEDULE = {"image_size": [[0, 32], [1, 48]], "val_image_size": 40, "resize_size": 44}

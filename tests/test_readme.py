@@ -9,6 +9,8 @@ import subprocess
 
 from doc_pages import REPO, bash_lines, pages, shell_commands
 
+import pytest
+
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.data.tools.demo import CLASSES, write_demo
 from stallfree.train.prepare import steps_per_epoch
@@ -47,6 +49,7 @@ def test_setup_is_two_commands_and_usage_starts_by_putting_stallfree_on_path() -
     assert ["source", ".venv/bin/activate"] in commands[:first]
 
 
+@pytest.mark.e2e
 def test_make_says_how_to_put_stallfree_on_path() -> None:
     """What `make demo` and `make install` end with (`make -n`: printed, nothing run)."""
     for target in ("demo", "install"):

@@ -141,6 +141,7 @@ def test_nested_loader_tables_and_overrides() -> None:
         apply_overrides(Recipe(), ["loader.dali.thread=3"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", sorted((REPO / "pipelines").glob("imagenet-*.toml")), ids=lambda p: p.name)
 def test_imagenet_recipes_run_one_cpu_step(path: Path, image_root: Path) -> None:
     from itertools import islice
@@ -189,6 +190,7 @@ _CLI_THEN_MODULES = (
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("args", "body", "needle"),
     [

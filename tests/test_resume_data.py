@@ -15,6 +15,8 @@ from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.resume import ResumeError
 from stallfree.train.trainer import PreemptedError
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 @pytest.fixture
 def stopped(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:

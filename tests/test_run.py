@@ -19,6 +19,8 @@ from stallfree.recipe import dump_toml, load_recipe
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 @pytest.fixture(scope="module")
 def learnable_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

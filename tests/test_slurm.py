@@ -24,7 +24,7 @@ from helpers import small_recipe, torchrun_train
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import Checkpointer
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[1]
 SMALL = REPO / "docker" / "slurm-small.sbatch"  # the variant for a CPU, one-node cluster
 

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_ruff_is_clean() -> None:
     pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
     result = subprocess.run(
@@ -22,6 +23,7 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_ruff_format_is_clean() -> None:
     """One format for every file (`ruff format`), so a diff shows changes, not styles."""
     pytest.importorskip("ruff", reason="ruff comes with the test extra: pip install -e '.[test]'")
@@ -98,12 +100,14 @@ def _mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e
 def test_mypy_is_clean() -> None:
     """`make lint`'s type check: src/stallfree with the settings in pyproject.toml."""
     result = _mypy()
     assert result.returncode == 0, "run `make lint`:\n" + result.stdout[-4000:] + result.stderr[-2000:]
 
 
+@pytest.mark.e2e
 def test_mypy_refuses_a_schedule_where_a_side_is_expected(tmp_path: Path) -> None:
     """The settings are strict enough for what one name with two meanings did (issue 26, 2):
     an `int | list` schedule handed to an int side, and a function without annotations."""

@@ -20,6 +20,8 @@ from stallfree.parallel import DistInfo
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
 RAW_PIXELS = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}
 CPU = torch.device("cpu")

@@ -147,6 +147,7 @@ def test_a_broken_manifest_is_one_line(
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
+@pytest.mark.e2e
 def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 0
     shard = packed / "val-000000.tar"
@@ -157,6 +158,7 @@ def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest
     assert "val-000000.tar: shard: SHA-256 differs" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("x")
     assert main(["data", "pack", str(image_root), str(tmp_path / "afile"), "--no-progress"]) == 2

@@ -16,6 +16,8 @@ from stallfree.metrics import SinkSet
 from stallfree.recipe import RecipeError
 from stallfree.train.run import train
 
+pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
+
 
 def test_mlflow_and_wandb_record_the_run(image_root: Path, tmp_path: Path) -> None:
     pytest.importorskip("mlflow", reason="the track extra: pip install -e '.[track]'")

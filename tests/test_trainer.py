@@ -307,6 +307,7 @@ def _stop_rank(rank: int, init_file: str, results: str) -> None:
     torch_dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 def test_a_stop_on_one_rank_is_agreed_within_two_steps_under_ddp(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 

@@ -1,0 +1,58 @@
+"""`pytest -m "not e2e"` is a unit suite by construction: a test not marked e2e that starts a
+process fails with the fix, even where it swallows the error; one using a server fixture is
+marked at collection."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS = """
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def fake_server():
+    return None
+
+
+def test_starts_a_process():
+    subprocess.run(["true"])
+
+
+def test_swallows_the_refusal():
+    try:
+        subprocess.run(["true"])
+    except Exception:
+        pass
+
+
+def test_uses_a_server(fake_server):
+    subprocess.run(["true"], check=True)
+
+
+@pytest.mark.e2e
+def test_marked():
+    subprocess.run(["true"], check=True)
+"""
+
+
+@pytest.mark.e2e
+def test_an_unmarked_test_that_starts_a_process_fails(tmp_path: Path) -> None:
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_inner.py").write_text(_TESTS)
+    # Marked at collection, the test using a server may start one; the marked one may too.
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert "2 failed, 2 passed" in done.stdout, done.stdout[-3000:]
+    assert done.stdout.count("starts a process or a run: mark it @pytest.mark.e2e") == 2, done.stdout
