@@ -63,6 +63,7 @@ def _write(root: Path) -> dict[str, str]:
     return expected
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(tmp_path: Path) -> None:
     expected = _write(tmp_path)
     report = check_dataset(tmp_path, workers=2, progress=False)
@@ -75,6 +76,7 @@ def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(t
     assert "train/a/grey16.png" in listed and "train/a/bomb.jpg" not in listed
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_the_clean_list_trains_under_both_loaders(
     tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
@@ -157,6 +159,7 @@ def test_skip_is_counted_in_metrics(tmp_path: Path) -> None:
     assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4  # 2 a pass, 2 epochs
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.dali
 def test_skip_on_dali_reads_a_checked_list_and_caches_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

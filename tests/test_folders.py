@@ -75,6 +75,7 @@ def test_images_in_sub_folders_belong_to_the_class_in_image_folder_order(tmp_pat
         assert len(listing) == 18
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_both_loaders_and_data_check_and_pack_take_nested_images(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch

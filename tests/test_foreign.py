@@ -87,6 +87,7 @@ def _keys(paths: list[str]) -> list[str]:
     return [base_plus_ext(p.rpartition("::")[2].rsplit(":", 2)[0])[0] for p in paths]
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keys_with_folders_and_dots_are_the_samples_webdataset_reads(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch

@@ -87,6 +87,7 @@ def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
     assert [r["skipped_samples"] for r in records if "loss" in r][-1] == 4  # 2 a pass, 2 passes
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_dangling_symlink_is_named_not_dropped(
     tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
@@ -183,6 +184,7 @@ def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
     assert 0 < pss <= rss * 1.01  # PSS never exceeds RSS: shared pages are not counted whole
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.dali
 def test_corrupt_entropy_data_data_check_is_the_arbiter(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -236,6 +238,7 @@ _BREAKERS = {
 }
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
 def test_files_dali_cannot_decode_are_refused_by_the_header_check(
     tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]

@@ -7,9 +7,8 @@ import inspect
 import shlex
 import subprocess
 
-from doc_pages import REPO, bash_lines, pages, shell_commands
-
 import pytest
+from doc_pages import REPO, bash_lines, pages, shell_commands
 
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.data.tools.demo import CLASSES, write_demo

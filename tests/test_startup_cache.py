@@ -79,6 +79,7 @@ def test_a_relative_root_does_not_share_the_cache_with_a_copy(
     assert Path(info.value.path).resolve() == victim.resolve()
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_clean_list_vouches_only_for_the_root_it_was_written_for(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str
@@ -119,6 +120,7 @@ def test_an_edited_cache_entry_is_ignored_and_the_check_rerun(
         _build(root, backend)
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_skip_drops_a_file_replaced_after_the_cache_on_both_loaders(
     tmp_path: Path, cache: Path, backend: str
@@ -147,6 +149,7 @@ def test_skip_drops_a_file_replaced_after_the_cache_on_both_loaders(
     assert sorted(b.labels.numel() for b in batches) == [3, 4]
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_a_batch_of_only_replaced_files_is_empty_or_named(
@@ -177,6 +180,7 @@ def test_a_batch_of_only_replaced_files_is_empty_or_named(
         loader.close()
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", ["torch"])
 def test_a_cache_or_list_from_older_header_rules_does_not_vouch(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, backend: str

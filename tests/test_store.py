@@ -60,6 +60,7 @@ def test_a_missing_bucket_is_not_a_missing_object(bucket: str) -> None:
         storage.exists("s3://no-such-bucket/x/manifest.json")
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing listens
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
@@ -70,6 +71,7 @@ def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPa
     assert "\n" not in str(err.value) and "secret" not in str(err.value)
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 def test_an_endpoint_without_a_scheme_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """An endpoint without its scheme reached a new user as a traceback (obstore panics on
     it): it is a StoreError naming the endpoint and the fix."""
@@ -87,6 +89,7 @@ def test_an_unknown_scheme_is_refused_by_name() -> None:
     assert not storage.open("s3://b/p").is_local
 
 
+@pytest.mark.e2e  # starts worker or store-helper processes
 def test_data_check_on_a_dead_endpoint_ends_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """`data check` waited the whole outage budget (120 s) on an endpoint nothing listens on,
     then exited 75 naming a manifest.json the user never asked about; train's start check
