@@ -1,5 +1,5 @@
 """A store outage in the middle of an accumulation window (the trainer's bookkeeping; the real
-server's outage is in test_s3_faults.py): the checkpoint's position gives back the micro-batches
+server's outage is in test_store_faults.py): the checkpoint's position gives back the micro-batches
 fetched for the step that never ran, so the resumed run equals an uninterrupted one, bitwise."""
 
 from __future__ import annotations

@@ -1,18 +1,25 @@
-"""Faults of a real S3-compatible server (SeaweedFS on loopback) during a run: a store that
-restarts mid-epoch costs time, not the run, and its retries are counted in metrics.jsonl; one
-that stays down stops the run in one line with a checkpoint at its last step, exit code 75, and
-`--resume auto` then ends where an uninterrupted run does, bitwise."""
+"""Faults of a real store's server during a run: a store that restarts mid-epoch costs time, not
+the run, and its retries are counted in metrics.jsonl; one that stays down stops the run in one
+line with a checkpoint at its last step, exit code 75, and `--resume auto` then ends where an
+uninterrupted run does, bitwise. On S3 (SeaweedFS), and once on GCS (fake-gcs-server): both on
+loopback, each keeping its objects on disk across a restart. A frozen store is S3's alone."""
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 import torch
+from emulators import environment
 from helpers import small_recipe, train_until_logged
-from s3_server import Server, need_weed, upload_tree
+from s3_server import upload_tree
 
 from stallfree.cli import main
 from stallfree.data import storage
@@ -23,26 +30,88 @@ from stallfree.train.run import train
 
 pytestmark = pytest.mark.slow
 
+BUCKET, PREFIX = "faults", "data"
+
+
+class Store:
+    """One store's server, to kill and start again: SeaweedFS (s3) or fake-gcs-server (gs)."""
+
+    def __init__(self, scheme: str, server: Any) -> None:
+        self.scheme, self.server = scheme, server
+
+    @property
+    def proc(self) -> Any:
+        return self.server.proc
+
+    def start(self) -> None:
+        self.server.start()
+
+    def kill(self) -> None:
+        self.server.kill()
+
+    def upload(self, local: Path) -> str:
+        """Every file under `local` at <scheme>://faults/data/<relative path>; the URL."""
+        if self.scheme == "s3":
+            return upload_tree(self.server.client(), local, BUCKET, PREFIX)
+        return str(self.server.upload_tree(local, BUCKET, PREFIX))
+
+    def serves(self, key: str) -> bool:
+        """Whether a GET of `key` works now (not only a listing)."""
+        if self.scheme == "s3":
+            client = self.server.client()
+            try:
+                client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            except client.exceptions.ClientError:
+                return False
+            return True
+        try:
+            with urllib.request.urlopen(f"{self.server.endpoint}/{BUCKET}/{quote(key)}", timeout=5):
+                return True
+        except urllib.error.HTTPError:
+            return False
+
+
+def _server(scheme: str, root: Path) -> Any:
+    if scheme == "s3":
+        from s3_server import Server, need_weed
+
+        return Server(need_weed(), root)
+    from gcs_server import Server as GcsServer
+    from gcs_server import need_binary
+
+    return GcsServer(need_binary(), root)
+
+
+def _own(scheme: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    own = Store(scheme, _server(scheme, tmp_path_factory.mktemp(scheme)))
+    own.start()
+    try:
+        with environment(own.server.env()):
+            yield own
+    finally:
+        own.kill()
+
+
+# Servers of this module's own, to kill (the session's are shared by other modules); the runs'
+# subprocesses find them by the standard variables. Each started once, when first asked for.
+@pytest.fixture(scope="module")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    yield from _own("s3", tmp_path_factory)
+
 
 @pytest.fixture(scope="module")
-def own_server(tmp_path_factory: pytest.TempPathFactory):
-    """A server of this module's own, to kill (the session's is shared by other modules); the
-    runs' subprocesses find it by the environment. Started once: a start costs ~5 s."""
-    own = Server(need_weed(), tmp_path_factory.mktemp("weed"))
-    own.start()
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in own.env().items():
-            patch.setenv(key, value)
-        yield own
-    own.kill()
+def gs_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    yield from _own("gs", tmp_path_factory)
 
 
 @pytest.fixture
-def server(own_server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
-    """The module's server, running (a test that failed with it down left it so)."""
-    if own_server.proc is None or own_server.proc.poll() is not None:
-        own_server.start()
-    return own_server
+def server(request: pytest.FixtureRequest) -> Store:
+    """The module's server of the store a test names (`indirect`; S3 where it names none),
+    running (a test that failed with it down left it so)."""
+    own: Store = request.getfixturevalue(f"{getattr(request, 'param', 's3')}_store")
+    if own.proc is None or own.proc.poll() is not None:
+        own.start()
+    return own
 
 
 def _recipe(root: str | Path, backend: str = "torch"):
@@ -79,19 +148,14 @@ def local_weights(local_runs) -> dict[str, torch.Tensor]:
     return local_runs("torch")
 
 
-def _wait_until_it_serves_reads(server: Server, timeout: float = 60) -> None:
+def _wait_until_it_serves_reads(server: Store, image_root: Path, timeout: float = 60) -> None:
     """After a restart SeaweedFS lists before its volumes serve reads (a GET then answers 500
     InternalError for a while): wait for a GET to work, so the resume starts on a whole store."""
-    client, deadline = server.client(), time.monotonic() + timeout
-    key = client.list_objects_v2(Bucket="faults", MaxKeys=1)["Contents"][0]["Key"]
-    while True:
-        try:
-            client.get_object(Bucket="faults", Key=key)["Body"].read()
-            return
-        except client.exceptions.ClientError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    first = next(p for p in sorted(image_root.rglob("*")) if p.is_file())
+    key, deadline = f"{PREFIX}/{first.relative_to(image_root).as_posix()}", time.monotonic() + timeout
+    while not server.serves(key):
+        assert time.monotonic() < deadline, f"{server.scheme}: no GET of {key} works after a restart"
+        time.sleep(0.05)
 
 
 def _assert_equal(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -104,10 +168,11 @@ def _train_records(run: Path) -> list[dict]:
     return [record for record in map(json.loads, lines) if "loss" in record]
 
 
+@pytest.mark.parametrize("server", ["s3", "gs"], indirect=True)
 def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
-    server: Server, local_weights: dict[str, torch.Tensor], tmp_path: Path, image_root: Path
+    server: Store, local_weights: dict[str, torch.Tensor], tmp_path: Path, image_root: Path
 ) -> None:
-    url = upload_tree(server.client(), image_root, "faults", "data")
+    url = server.upload(image_root)
     proc, _, run = train_until_logged(_recipe(url), tmp_path, records=2)
     assert proc.poll() is None, proc.communicate()[1]
     server.kill()
@@ -125,9 +190,14 @@ def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
 
 # DALI too: its random state must be the last step's, not one past the batches it had read
 # ahead when the store went (a new user's resume after such a stop differed from step 66 on).
-@pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
+# GCS once, on the torch loader: the loaders' side is S3's to test, the store's client GCS's.
+@pytest.mark.parametrize(
+    ("server", "backend"),
+    [("s3", "torch"), pytest.param("s3", "dali", marks=pytest.mark.dali), ("gs", "torch")],
+    indirect=["server"],
+)
 def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
-    server: Server,
+    server: Store,
     local_runs,
     image_root: Path,
     tmp_path: Path,
@@ -136,7 +206,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
 ) -> None:
     monkeypatch.setenv(storage.OUTAGE_ENV, "2")
     monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")  # the quick retries: the outage budget is what is tested
-    url = upload_tree(server.client(), image_root, "faults", "data")
+    url = server.upload(image_root)
     proc, cmd, run = train_until_logged(_recipe(url, backend), tmp_path, records=2)
     server.kill()
     _, err = proc.communicate(timeout=120)
@@ -150,7 +220,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     state = load_checkpoint(Path(marker["checkpoint"]))
     assert state["counters"]["optimizer_steps"] == _train_records(run)[-1]["step"]
     server.start()
-    _wait_until_it_serves_reads(server)
+    _wait_until_it_serves_reads(server, image_root)
     settings.count_retry(5)  # this process's earlier work
     assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
     _assert_equal(_final_weights(run), local_runs(backend))
@@ -158,7 +228,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     assert _train_records(run)[-1]["store_retries"] == 0
 
 
-def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_root: Path) -> None:
+def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_root: Path) -> None:
     """A frozen store (SIGSTOP: connections accepted, never answered) must end a loader's read
     within the outage budget, as a store that refuses connections does. It waited 30 s in
     obstore, then botocore's 5 attempts of 30 s each, twice: a new user's run sat silent for
@@ -168,8 +238,9 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_
     import subprocess
     import sys
 
-    upload_tree(server.client(), image_root, "faults", "data")
-    key = server.client().list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
+    server.upload(image_root)
+    client = server.server.client()
+    key = client.list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
     # As a loader's reader thread reads.
     reader = (
         "import sys\n"
@@ -209,7 +280,7 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Server, image_
     assert waited < 10, waited
 
 
-def test_a_frozen_store_is_said_within_seconds(server: Server, image_root: Path) -> None:
+def test_a_frozen_store_is_said_within_seconds(server: Store, image_root: Path) -> None:
     """A frozen store was silent for 40 s under the default budget (each attempt waits its whole
     timeout): a read with no answer for a few seconds says so while it still waits."""
     import os
@@ -217,8 +288,9 @@ def test_a_frozen_store_is_said_within_seconds(server: Server, image_root: Path)
     import subprocess
     import sys
 
-    upload_tree(server.client(), image_root, "faults", "data")
-    key = server.client().list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
+    server.upload(image_root)
+    client = server.server.client()
+    key = client.list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
     reader = (
         "import sys\n"
         "from stallfree.data import storage\n"
@@ -245,3 +317,17 @@ def test_a_frozen_store_is_said_within_seconds(server: Server, image_root: Path)
         proc.communicate()
         os.killpg(server.proc.pid, signal.SIGCONT)
     assert f"s3://faults/{key}: no answer from the store for" in line and "waiting up to 60 s" in line, line
+
+
+@pytest.mark.parametrize("server", ["s3", "gs"], indirect=True)
+def test_a_listing_of_a_missing_bucket_is_no_outage(server: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fake-gcs-server answers a listing of a bucket that does not exist with a 500, as a store
+    in trouble would: after its attempts the read asks for an object there (404) and says the
+    bucket is missing, instead of waiting out the outage budget for a store that answers."""
+    monkeypatch.setenv(storage.OUTAGE_ENV, "30")
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
+    url = f"{server.scheme}://no-such-bucket/data"
+    with pytest.raises(storage.StoreError) as err:
+        storage.list_objects(url)
+    assert not isinstance(err.value, storage.StoreUnavailableError), err.value
+    assert str(err.value).startswith(f"{url}: no such bucket 'no-such-bucket'"), err.value
