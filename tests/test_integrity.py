@@ -145,6 +145,8 @@ def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.Cap
     for given in (tmp_path / "run", tmp_path / "run" / "checkpoints" / "latest"):
         assert main(["eval", str(path), "--checkpoint", str(given), "--json"]) == 0
         results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    # The run directory reads best.pt, `latest` the newest checkpoint: one epoch, the same weights.
+    assert [r.pop("checkpoint").rsplit("/", 1)[-1] for r in results] == ["best.pt", "ckpt-000000004.pt"]
     assert results[0] == results[1] and results[0]["samples"] == 8
 
 

@@ -142,5 +142,5 @@ def test_a_store_that_stays_down_ends_both_ranks(
     errors = [
         line for line in err.splitlines() if "stallfree: error: " in line
     ]  # not a warning quoting the client
-    assert errors and all(f"{url}/" in line and "(still after 2 s)" in line for line in errors), errors
+    assert errors and all(f"{url}/" in line and "(still after 2 s)" in line for line in errors), err
     assert all("--resume auto continues from the last saved one" in line for line in errors)

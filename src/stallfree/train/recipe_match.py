@@ -79,8 +79,16 @@ def hold_to_checkpoint(
     user passed ("" for the checkpoint's own, with --set overrides)."""
     from stallfree.train.export_weights import checkpoint_num_classes, class_names
 
-    trained = checkpoint_recipe(state, path)
     trained_classes = checkpoint_num_classes(state)
+    if "recipe" not in state:  # a bare state dict: only its class count can be held to the recipe
+        if trained_classes != num_classes:
+            raise RecipeMismatchError(
+                f"{path} has {trained_classes} classes, but {recipe.data.root} has {num_classes}; "
+                "evaluate it on data with the classes it was trained on"
+            )
+        LOGGER.warning(f"{path} holds no recipe: {given or 'the recipe'} is taken as it is, unchecked")
+        return
+    trained = checkpoint_recipe(state, path)
     source = given or "the --set overrides"
     fix = (
         f"omit {given} to evaluate with the checkpoint's own recipe (and --set a value to change "
