@@ -41,6 +41,7 @@ class StepMark:
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
+        self.stop: PreemptedError | None = None  # the stop a save is for, once one came
         loader.mark_step()  # a resume's point, or 0
 
     def step(self) -> None:
@@ -50,6 +51,15 @@ class StepMark:
     def loader_state(self, stop: PreemptedError | None = None) -> dict[str, Any]:
         """The loader's state to save on `stop`; after an outage, as of the last step."""
         return self.loader.state_at_last_step() if isinstance(stop, StoreOutage) else self.loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's part of a checkpoint: its state on `self.stop`."""
+        return self.loader_state(self.stop)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume: the loader at the checkpoint's positions, marked as its last step."""
+        self.loader.load_state_dict(state)
+        self.loader.mark_step()
 
 
 def can_save(stop: PreemptedError, world_size: int) -> bool:
