@@ -28,6 +28,11 @@ def saved_epoch(state: dict[str, Any]) -> int:
     return int(state["ranks"][0]["loader"]["epoch"])
 
 
+def saved_position(state: dict[str, Any]) -> int:
+    """The global sample of `saved_epoch` a checkpoint continues from (0: the epoch's start)."""
+    return int(state["ranks"][0]["loader"]["position"])
+
+
 @dataclass(slots=True)
 class RunCheckpoint:
     """A resumable checkpoint: the dict of its parts, each under its key (the trainer's parts,
@@ -105,7 +110,7 @@ def check_same_data(
     saved = state.get("data") or {}
     if not saved or not now or saved == now or dataset is None:
         return  # a checkpoint from before this record, or no listing at all
-    position = int(state["ranks"][0]["loader"]["position"])
+    position = saved_position(state)
     where = dataset.splits["train"].prefix.rstrip("/")
     change = f"{saved['train_samples']} samples at the checkpoint, {now['train_samples']} now" + (
         ", other files or labels" if saved["train_samples"] == now["train_samples"] else ""
