@@ -56,6 +56,10 @@ class RunContext:
         """Whether the run continues from a checkpoint (whose weights are loaded later)."""
         return self.resume is not None
 
+    def with_resume(self, found: ResumePoint | None) -> RunContext:
+        """This context continuing from `found` (None: a fresh start)."""
+        return dataclasses.replace(self, resume=found)
+
     def with_dataset(self) -> RunContext:
         """This context with the dataset listed (once; the slow part of a start). Resuming: an
         s3:// root's cached listing, the one the run started with, is used."""

@@ -6,7 +6,6 @@ directory) is checked before anything is written, so a failed start leaves no ha
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -138,7 +137,7 @@ def train(
             return run.finished_summary()
     # The checkpoint travels with the context: a resume reuses its listing and its recipe's
     # "auto" worker/thread counts, and loads no pretrained or init_from weights.
-    ctx = dataclasses.replace(ctx, resume=found).with_dataset().with_loader_counts()
+    ctx = ctx.with_resume(found).with_dataset().with_loader_counts()
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
     if found is not None:
