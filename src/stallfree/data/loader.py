@@ -123,6 +123,22 @@ class Loader(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state saved by `state_dict`, possibly under another split or world size."""
 
+    _step_mark: tuple[int, int] | None = None  # (epoch, position) after the last optimizer step
+
+    def mark_step(self) -> None:
+        """Note where this loader stands after an optimizer step (the trainer's caller does)."""
+        self._step_mark = (self.epoch, self.position)
+
+    def state_at_last_step(self) -> dict[str, Any]:
+        """`state_dict()` as of the last `mark_step`: the batches fetched since (an accumulation
+        window cut short) are given back, every rank's, since positions are global samples; an
+        epoch begun since with no step yet starts at 0. Unmarked: the state as it is."""
+        state = self.state_dict()
+        if self._step_mark is not None:
+            epoch, position = self._step_mark
+            state["position"] = position if int(state["epoch"]) == epoch else 0
+        return state
+
     closed = False  # set by close(): iterating again raises LoaderClosedError
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import re
 import time
 import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -29,6 +30,14 @@ class CheckpointError(StallfreeError, RuntimeError):
     """A checkpoint that cannot be read or used; the message names the file."""
 
     hint = "pass a ckpt-<step>.pt or best.pt that `stallfree train` wrote, or its run directory"
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """The checkpoint a run continues from: its state (at the current format) and its file."""
+
+    state: dict[str, Any]
+    path: Path
 
 
 class Checkpointer:

@@ -5,7 +5,7 @@ Every checkpoint stallfree writes (ckpt-<step>.pt and best.pt) carries `"format"
 (resume, trainer, loaders, eval, export) finds every key of the current format and never
 guesses a file's age from which keys exist.
 
-To add a key to checkpoints: write it where the state is built (train/resume.py), bump FORMAT,
+To add a key to checkpoints: write it in the part that owns it (its state_dict), bump FORMAT,
 and add a `_to_<N>` step below that gives files of format N-1 the key's default (the value
 that means what a file without it meant). Nothing else needs to know about older files.
 
@@ -22,6 +22,8 @@ Formats:
      between two records goes on with it); empty in older files: the interval restarts.
      A loader's state is its positions: every sample's augmentation comes from its own seed,
      so the random state a backend once kept in it (key "dali") is dropped.
+  5  the epoch is kept once, in each rank's loader state: the top-level copy is dropped
+     (a best.pt keeps its "epoch": the epoch its weights are from).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 from stallfree.errors import StallfreeError
 from stallfree.version import __version__
 
-FORMAT = 4
+FORMAT = 5
 
 
 class CheckpointFormatError(StallfreeError, ValueError):
@@ -109,4 +111,16 @@ def _to_4(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _to_1, 2: _to_2, 3: _to_3, 4: _to_4}
+def _to_5(state: dict[str, Any]) -> dict[str, Any]:
+    if "counters" in state:  # a resumable file: its loader states hold the epoch
+        state.pop("epoch", None)
+    return state
+
+
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _to_1,
+    2: _to_2,
+    3: _to_3,
+    4: _to_4,
+    5: _to_5,
+}

@@ -34,28 +34,32 @@ def outage_as_stop() -> Iterator[None]:
 
 
 class StepMark:
-    """Where the train loader stood after the last optimizer step: an outage met between the
-    fetches of an accumulation window leaves the loader past micro-batches never trained on
-    (the trainer collects a window before its forwards, so nothing else moved). A loader's
-    state is its positions (each sample's augmentation comes from its own seed), so putting
-    them back is the whole of it."""
+    """The train loader as of the last optimizer step: an outage met between the fetches of an
+    accumulation window leaves the loader past micro-batches never trained on (the trainer
+    collects a window before its forwards, so nothing else moved); the loader gives them back
+    (`Loader.state_at_last_step`)."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
-        self.epoch, self.position = loader.epoch, loader.position  # a resume's point, or 0
+        self.stop: PreemptedError | None = None  # the stop a save is for, once one came
+        loader.mark_step()  # a resume's point, or 0
 
     def step(self) -> None:
-        """After each optimizer step (the run's on_step hook): two counters read."""
-        self.epoch, self.position = self.loader.epoch, self.loader.position
+        """After each optimizer step (the run's on_step hook)."""
+        self.loader.mark_step()
 
     def loader_state(self, stop: PreemptedError | None = None) -> dict[str, Any]:
-        """The loader's state to save on `stop`; after an outage, as of the last step: positions
-        put back (they are global samples, so the window's micro-batches, every rank's, are
-        given back, and a new epoch with no step yet starts at 0)."""
-        state = self.loader.state_dict()
-        if isinstance(stop, StoreOutage):
-            state["position"] = self.position if state["epoch"] == self.epoch else 0
-        return state
+        """The loader's state to save on `stop`; after an outage, as of the last step."""
+        return self.loader.state_at_last_step() if isinstance(stop, StoreOutage) else self.loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's part of a checkpoint: its state on `self.stop`."""
+        return self.loader_state(self.stop)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume: the loader at the checkpoint's positions, marked as its last step."""
+        self.loader.load_state_dict(state)
+        self.loader.mark_step()
 
 
 def can_save(stop: PreemptedError, world_size: int) -> bool:

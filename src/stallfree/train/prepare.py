@@ -26,6 +26,7 @@ from stallfree.models import build_model
 from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Precision, Recipe, RecipeError, validate
+from stallfree.train.checkpoint import ResumePoint
 from stallfree.train.distributed import resolve_device, wrap_model
 from stallfree.train.ema import ModelEma
 from stallfree.train.microbatch import MicroBatcher
@@ -48,22 +49,37 @@ class RunContext:
     backend: ResolvedBackend
     dataset: Dataset | None = None
     autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
+    resume: ResumePoint | None = None  # the checkpoint the run continues from, if any
 
-    def with_dataset(self, *, resuming: bool = False) -> RunContext:
-        """This context with the dataset listed (once; the slow part of a start). `resuming`:
-        an s3:// root's cached listing, the one the run started with, is used."""
+    @property
+    def resuming(self) -> bool:
+        """Whether the run continues from a checkpoint (whose weights are loaded later)."""
+        return self.resume is not None
+
+    def with_resume(self, found: ResumePoint | None) -> RunContext:
+        """This context continuing from `found` (None: a fresh start)."""
+        return dataclasses.replace(self, resume=found)
+
+    def with_dataset(self) -> RunContext:
+        """This context with the dataset listed (once; the slow part of a start). Resuming: an
+        s3:// root's cached listing, the one the run started with, is used."""
         if self.dataset is not None or not self.recipe.data.root:
             return self
         data, seed = self.recipe.data, self.recipe.train.seed
-        return dataclasses.replace(self, dataset=resolve_dataset(data, seed=seed, reuse_listing=resuming))
+        return dataclasses.replace(
+            self, dataset=resolve_dataset(data, seed=seed, reuse_listing=self.resuming)
+        )
 
     def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at
-        its start when `previous` (its checkpoint's recipe) holds one, else measured now. The
-        recipe keeps the count, "auto" beside it as the request, so recipe.toml says what ran."""
+        its start when `previous` (a checkpoint's recipe; by default the resumed one's) holds
+        one, else measured now. The recipe keeps the count, "auto" beside it as the request,
+        so recipe.toml says what ran."""
         backend = self.backend
         if not autotune.asks_auto(backend):
             return self
+        if previous is None and self.resume is not None:
+            previous = self.resume.state["recipe"]
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
             count, figures = measure_auto_count(
@@ -184,16 +200,15 @@ def build_trainer(
     sinks: SinkSet | None = None,
     progress: bool = True,
     log_every: int | None = None,
-    resuming: bool = False,
 ) -> Trainer:
     """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer.
 
-    `resuming`: the checkpoint's weights are loaded next, so model.init_from and
+    Resuming (`ctx.resume`): the checkpoint's weights are loaded next, so model.init_from and
     model.pretrained are not read (a requeued job needs the file no longer).
     """
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
-    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not resuming)
-    if recipe.model.init_from and not resuming:
+    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not ctx.resuming)
+    if recipe.model.init_from and not ctx.resuming:
         init_from(model, recipe.model.init_from)
     model = sync_batchnorm(model, recipe, dist, device)
     model = model.to(device)

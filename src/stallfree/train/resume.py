@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from stallfree.data import storage
-from stallfree.data.loader import Loader
 from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
-from stallfree.train.checkpoint import (
-    LATEST,
-    Checkpointer,
-    latest_target,
-    load_checkpoint,
-    rng_state,
-    set_rng_state,
-)
+from stallfree.train.checkpoint import LATEST, Checkpointer, ResumePoint, latest_target, load_checkpoint
 from stallfree.train.ckpt_format import FORMAT, resumable
-from stallfree.train.distributed import gather_objects
+from stallfree.train.parts import PerRank, RngState, Stateful, load_parts, save_parts
+from stallfree.train.prepare import RunContext
 from stallfree.train.trainer import Trainer
 from stallfree.version import __version__
 
@@ -32,48 +24,67 @@ class ResumeError(StallfreeError, ValueError):
     """A checkpoint whose run differs from this one in a way that changes its meaning."""
 
 
-@dataclass(frozen=True, slots=True)
-class ResumePoint:
-    """The checkpoint a run continues from: its state (at the current format) and its file."""
-
-    state: dict[str, Any]
-    path: Path
+def saved_epoch(state: dict[str, Any]) -> int:
+    """The epoch a checkpoint continues: its loader's, the one place the epoch is kept."""
+    return int(state["ranks"][0]["loader"]["epoch"])
 
 
-def training_state(
+def saved_position(state: dict[str, Any]) -> int:
+    """The global sample of `saved_epoch` a checkpoint continues from (0: the epoch's start)."""
+    return int(state["ranks"][0]["loader"]["position"])
+
+
+@dataclass(slots=True)
+class RunCheckpoint:
+    """A resumable checkpoint: the dict of its parts, each under its key (the trainer's parts,
+    the segment clock, every rank's loader, RNGs and open log interval), and the facts that
+    say which run it belongs to (the ones `check_compatible` and `check_same_data` compare,
+    and what export and predict read: the class count and names)."""
+
+    parts: dict[str, Stateful]
+    facts: dict[str, Any]
+    records: Callable[[], int]  # lines in metrics.jsonl: a resume cuts it back to them
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **save_parts(self.parts),
+            **self.facts,
+            "metrics_records": self.records(),
+            "stallfree_version": __version__,
+            "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_parts(state, self.parts)
+
+
+def run_checkpoint(
     trainer: Trainer,
-    loader_state: dict[str, Any],
-    recipe: Recipe,
-    world_size: int,
-    device: torch.device,
-    metrics_records: int,
-    num_classes: int = 0,
-    class_names: list[str] | None = None,
-    data: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Everything a resumed run needs to continue as if it had never stopped.
-
-    Loader positions, RNG states and the open log interval's sums differ per rank, so every
-    rank's are gathered; model, optimizer and schedule are the same on all ranks.
-    `metrics_records` is how many lines metrics.jsonl held: a resume cuts it back to them.
-    `data` is `data_record` of the run's dataset (what `check_same_data` compares).
-    """
-    per_rank = gather_objects(
-        {"loader": loader_state, "rng": rng_state(device), "interval": trainer.interval_state()}, world_size
+    loader: Stateful,
+    clock: Stateful,
+    ctx: RunContext,
+    data: dict[str, Any],
+) -> RunCheckpoint:
+    """The checkpoint of a training run: `loader` is the train loader's part (the run's
+    `StepMark`), `clock` the segment clock's, `data` the run's `data_record`."""
+    dist = trainer.dist
+    per_rank = PerRank(
+        dist.rank,
+        dist.world_size,
+        positions={"loader": loader},
+        own={"rng": RngState(ctx.device)},
+        same_world={"interval": trainer.interval_part()},
     )
-    return {
-        **trainer.state_dict(),
-        "ranks": per_rank,
-        "epoch": int(loader_state["epoch"]),
-        "metrics_records": metrics_records,
-        "recipe": recipe.to_dict(),
-        "num_classes": num_classes,  # what the model was built with (stallfree export reads it)
-        "class_names": list(class_names or []),  # label order; predict and export.json read it
-        "world_size": world_size,
-        "data": dict(data or {}),
-        "stallfree_version": __version__,
-        "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
+    facts = {
+        "recipe": ctx.recipe.to_dict(),
+        "num_classes": ctx.num_classes,  # what the model was built with (export reads it)
+        "class_names": ctx.class_names,  # label order; predict and export.json read it
+        "world_size": dist.world_size,
+        "data": dict(data),
     }
+    return RunCheckpoint(
+        {**trainer.parts(), "segments": clock, "ranks": per_rank}, facts, lambda: trainer.sinks.records
+    )
 
 
 def data_record(dataset: Dataset | None) -> dict[str, Any]:
@@ -100,12 +111,12 @@ def check_same_data(
     saved = state.get("data") or {}
     if not saved or not now or saved == now or dataset is None:
         return  # a checkpoint from before this record, or no listing at all
-    position = int(state["ranks"][0]["loader"]["position"])
+    position = saved_position(state)
     where = dataset.splits["train"].prefix.rstrip("/")
     change = f"{saved['train_samples']} samples at the checkpoint, {now['train_samples']} now" + (
         ", other files or labels" if saved["train_samples"] == now["train_samples"] else ""
     )
-    epoch = int(state["epoch"])
+    epoch = saved_epoch(state)
     if position == 0:
         LOGGER.warning(f"{where} changed since {path.name} ({change}): epoch {epoch} reads it as it is now")
     elif force:
@@ -122,46 +133,21 @@ def check_same_data(
         )
 
 
-def best_state(
-    trainer: Trainer, recipe: Recipe, epoch: int, num_classes: int, class_names: list[str] | None = None
-) -> dict[str, Any]:
+def best_state(trainer: Trainer, ctx: RunContext, epoch: int) -> dict[str, Any]:
     """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
     A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
-    state = trainer.state_dict()
+    weights = {key: part for key, part in trainer.parts().items() if key in ("model", "ema")}
     return {
-        "model": state["model"],
-        **({"ema": state["ema"]} if "ema" in state else {}),
+        **save_parts(weights),
         "epoch": epoch,
         "step": trainer.optimizer_steps,
         "val_top1": trainer.best_val_top1,
-        "recipe": recipe.to_dict(),
-        "num_classes": num_classes,
-        "class_names": list(class_names or []),
+        "recipe": ctx.recipe.to_dict(),
+        "num_classes": ctx.num_classes,
+        "class_names": ctx.class_names,
         "stallfree_version": __version__,
         "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
     }
-
-
-def restore(state: dict[str, Any], trainer: Trainer, loader: Loader, rank: int, device: torch.device) -> int:
-    """Load a checkpoint into the trainer, loader and RNGs; return the epoch to continue: the
-    loader's, the one place the epoch is kept (the checkpoint's top-level "epoch" is a copy of
-    it for the checks that run before any loader exists).
-
-    Under another world size the loader continues from the same global sample (positions are
-    counted in samples of the epoch's order); a rank the checkpoint did not have keeps its
-    freshly seeded RNGs. The same world size reopens each rank's log interval.
-    """
-    trainer.load_state_dict(state)
-    ranks = state["ranks"]
-    mine = ranks[rank] if rank < len(ranks) else None
-    loader.load_state_dict((mine or ranks[0])["loader"])
-    if mine is not None:
-        set_rng_state(mine["rng"], device)
-    if mine is not None and len(ranks) == trainer.dist.world_size:
-        # Under another world size the interval's images were counted per rank of the old one:
-        # it is dropped, and the next record covers the steps after the resume.
-        trainer.load_interval_state(mine["interval"])
-    return loader.epoch
 
 
 def _root_named(root: str) -> str:
@@ -209,7 +195,7 @@ def check_compatible(
         saved_epochs = state["recipe"]["train"]["epochs"]
         done = (
             f" That run had already finished ({saved_epochs} epochs)."
-            if int(state["epoch"]) >= saved_epochs
+            if saved_epoch(state) >= saved_epochs
             else ""
         )
         epochs = f" (--epochs {saved_epochs})" if saved_epochs != recipe.train.epochs else ""

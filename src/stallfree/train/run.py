@@ -21,7 +21,7 @@ from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml
-from stallfree.train.checkpoint import Checkpointer
+from stallfree.train.checkpoint import Checkpointer, ResumePoint
 from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
 from stallfree.train.listing_check import check_ranks_agree
 from stallfree.train.microbatch import probe_micro_batch
@@ -36,14 +36,14 @@ from stallfree.train.outage import (
 from stallfree.train.prepare import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.profile import StepProfiler
 from stallfree.train.resume import (
-    ResumePoint,
+    RunCheckpoint,
     best_state,
     check_compatible,
     check_same_data,
     data_record,
     find_resume,
-    restore,
-    training_state,
+    run_checkpoint,
+    saved_epoch,
 )
 from stallfree.train.rundir import RunDir
 from stallfree.train.signals import StopSignal
@@ -78,7 +78,7 @@ class SegmentClock:
     earlier_s: float = 0.0
     earlier: int = 0
 
-    def load(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the earlier segments from a checkpoint (an older one holds none: zero)."""
         self.earlier_s, self.earlier = float(state["wall_s"]), int(state["count"])
 
@@ -128,18 +128,16 @@ def train(
         run.check_fresh_start(resume)
     else:
         check_compatible(found.state, recipe, dist.world_size, found.path, force)
-        clock.load(found.state["segments"])
-        if found.state["epoch"] >= recipe.train.epochs:
+        if saved_epoch(found.state) >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
             LOGGER.info(
-                f"{out_dir} holds a finished run (epoch {found.state['epoch']} of "
+                f"{out_dir} holds a finished run (epoch {saved_epoch(found.state)} of "
                 f"{recipe.train.epochs}); nothing to do"
             )
             return run.finished_summary()
-    # "auto" worker/thread counts: a resume reuses what its checkpoint's recipe records.
-    ctx = ctx.with_dataset(resuming=found is not None).with_loader_counts(
-        found.state["recipe"] if found else None
-    )
+    # The checkpoint travels with the context: a resume reuses its listing and its recipe's
+    # "auto" worker/thread counts, and loads no pretrained or init_from weights.
+    ctx = ctx.with_resume(found).with_dataset().with_loader_counts()
     recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
     if found is not None:
@@ -154,16 +152,13 @@ def train(
         for split in ("train", "val"):
             loaders[split] = ctx.loader(split)
         _check_batches(loaders["train"], ctx)
-        trainer = build_trainer(
-            ctx,
-            train_batches=len(loaders["train"]),
-            sinks=sinks,
-            progress=progress,
-            resuming=found is not None,
-        )
-        start_epoch = (
-            restore(found.state, trainer, loaders["train"], dist.rank, device) if found is not None else 0
-        )
+        trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks, progress=progress)
+        # The last step's loader positions (an outage gives back the rest).
+        mark = StepMark(loaders["train"])
+        ckpt = run_checkpoint(trainer, mark, clock, ctx, data)
+        if found is not None:
+            ckpt.load_state_dict(found.state)
+        start_epoch = loaders["train"].epoch  # the loader keeps the epoch (a resume's, or 0)
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
         _barrier_after_checks()
@@ -176,7 +171,7 @@ def train(
                 held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
                 (run.path / "val_holdout.txt").write_text(held)
         _announce(ctx, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, clock, data)
+        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, ckpt, mark)
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
@@ -294,31 +289,16 @@ def _run(
     ctx: RunContext,
     start_epoch: int,
     profile_steps: int,
-    clock: SegmentClock,
-    data: dict[str, Any],
+    ckpt: RunCheckpoint,
+    mark: StepMark,
 ) -> dict[str, Any]:
-    """fit() with periodic, epoch-end and on-signal checkpoints (each records `data`, the
-    run's `data_record`), and the profiler's clock."""
+    """fit() with periodic, epoch-end and on-signal checkpoints of `ckpt`'s parts (`mark`:
+    the train loader's part), and the profiler's clock."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
-    # The last step's loader positions (an outage gives back the rest).
-    mark = StepMark(train_loader)
-
-    def save(stop: PreemptedError | None = None) -> None:
-        state = training_state(
-            trainer,
-            mark.loader_state(stop),
-            recipe,
-            dist.world_size,
-            device,
-            trainer.sinks.records,
-            ctx.num_classes,
-            ctx.class_names,
-            data,
-        )
-        state["segments"] = clock.state_dict()
-        checkpointer.save(state, trainer.optimizer_steps)
+    def save() -> None:
+        checkpointer.save(ckpt.state_dict(), trainer.optimizer_steps)
 
     every = recipe.train.ckpt_every_steps
     eta = TimeToGo(
@@ -348,7 +328,7 @@ def _run(
         def on_epoch_end(t: Trainer, epoch: int) -> None:
             save()
             if t.improved:
-                checkpointer.save_best(best_state(t, recipe, epoch, ctx.num_classes, ctx.class_names))
+                checkpointer.save_best(best_state(t, ctx, epoch))
 
         hooks = TrainerHooks(
             on_step=on_step,
@@ -371,7 +351,8 @@ def _run(
                     exc
                 ) from None  # an error: no closing barrier (train/outage.py)
             # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
-            save(exc)
+            mark.stop = exc  # an outage saves the loader as of the last step
+            save()
             exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"
             if dist.rank == 0 and exc.signal != "SIGINT":
                 run.mark_preempted(

@@ -24,10 +24,19 @@ from stallfree.errors import StallfreeError
 from stallfree.metrics import Sink, SinkSet, Totals
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
-from stallfree.train.ema import ModelEma, unwrap
+from stallfree.train.ema import ModelEma
 from stallfree.train.interval import LogWindow, StepTimer
 from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
 from stallfree.train.mix import Mixer
+from stallfree.train.parts import (
+    ModelState,
+    ScalerState,
+    ScheduleState,
+    StateFns,
+    Stateful,
+    load_parts,
+    save_parts,
+)
 from stallfree.train.precision import PrecisionPolicy
 from stallfree.train.progress import progress_bar, say_validation, show_interval
 from stallfree.train.signals import StopVote
@@ -309,14 +318,6 @@ class Trainer:
         show_interval(bar, record, self.dist.rank)
         self._window = LogWindow.zeros(self.device)
 
-    def interval_state(self) -> dict[str, Any]:
-        """This rank's open log interval (sums, counts, seconds), for a checkpoint."""
-        return self._window.state_dict(self._timer)
-
-    def load_interval_state(self, state: dict[str, Any]) -> None:
-        """Reopen the interval `interval_state` saved: the next pass goes on with it."""
-        self._window = LogWindow.from_state(state, self.device)
-
     def evaluate(self, loader: Loader) -> dict[str, float]:
         """Top-1 and top-5 accuracy over this loader, summed across ranks."""
         return evaluate_model(self.model, loader, self.policy, self.device, self.dist)
@@ -374,45 +375,45 @@ class Trainer:
         say_validation(epoch, val, self.dist.rank)
         return val
 
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scaler, schedule and counters (the unwrapped model's weights)."""
+    def parts(self) -> dict[str, Stateful]:
+        """This trainer's checkpoint parts by key; the epoch is the loader's to keep."""
         return {
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
-            "counters": {
-                "optimizer_steps": self.optimizer_steps,
-                "skipped_steps": self.skipped_steps,
-                "nonfinite_in_row": self._nonfinite_in_row,
-                "best_val_top1": self.best_val_top1,
-            },
-            "totals": self.totals.state_dict(),  # logged images and time, over all segments
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
+            "model": ModelState(self.model),
+            "optimizer": self.optimizer,
+            "scaler": ScalerState(self.scaler),
+            "scheduler": ScheduleState(self.scheduler),
+            "counters": StateFns(self._counters, self._load_counters),
+            "totals": self.totals,  # logged images and time, over all segments
+            **({"ema": self.ema} if self.ema is not None else {}),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every part's state under its key (`parts`)."""
+        return save_parts(self.parts())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` saved (a checkpoint upgraded to the current format)."""
-        unwrap(self.model).load_state_dict(state["model"])
-        if self.ema is not None:
-            if "ema" not in state:
-                raise StallfreeError(
-                    "train.ema_decay is set but the checkpoint holds no EMA "
-                    "weights; resume with train.ema_decay = 0, or start afresh"
-                )
-            self.ema.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-        if self.scheduler is not None and state["scheduler"]:
-            self.scheduler.load_state_dict(state["scheduler"])
-        counters = state["counters"]
+        load_parts(state, self.parts())
+
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_steps": self.skipped_steps,
+            "nonfinite_in_row": self._nonfinite_in_row,
+            "best_val_top1": self.best_val_top1,
+        }
+
+    def _load_counters(self, counters: dict[str, Any]) -> None:
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
-        # The epoch is the loader's to keep (its state is where a run resumes); `fit` hands it
-        # to the trainer at each pass. Older files' defaults: train/ckpt_format.py.
         self._nonfinite_in_row = counters["nonfinite_in_row"]
         self.best_val_top1 = float(counters["best_val_top1"])
-        self.totals.load_state_dict(state["totals"])
+
+    def interval_part(self) -> Stateful:
+        """This rank's open log interval (sums, counts, seconds): a resume reopens it."""
+        return StateFns(lambda: self._window.state_dict(self._timer), self._reopen_interval)
+
+    def _reopen_interval(self, state: dict[str, Any]) -> None:  # the next pass goes on with it
+        self._window = LogWindow.from_state(state, self.device)
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.dist.rank == 0:
