@@ -78,7 +78,12 @@ def test_a_store_root_is_named_as_written_in_the_refusal(tmp_path: Path) -> None
     from stallfree.version import __version__
 
     before = small_recipe("s3://bucket/a")
-    state = {"stallfree_version": __version__, "recipe": before.to_dict(), "world_size": 1, "epoch": 0}
+    state = {
+        "stallfree_version": __version__,
+        "recipe": before.to_dict(),
+        "world_size": 1,
+        "ranks": [{"loader": {"epoch": 0, "position": 0}}],
+    }
     with pytest.raises(ResumeError) as err:
         check_compatible(state, small_recipe("s3://bucket/b"), 1, tmp_path / "ckpt.pt")
     assert "checkpoint 's3://bucket/a', now 's3://bucket/b'" in str(err.value), err.value
