@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from stallfree.data.loader import Batch, ShardedLoader
+from stallfree.data.loader import Batch, Loader, ShardedLoader
+from stallfree.data.readers.folders import Dataset
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
 
@@ -55,6 +56,25 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
         warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
         trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
     return ctx, loader, trainer
+
+
+def build_loader(
+    recipe: Recipe,
+    split: str,
+    *,
+    device: torch.device,
+    dist: DistInfo | None = None,
+    dataset: Dataset | None = None,
+) -> Loader:
+    """One loader of `split`, resolved as a run resolves it (prepare_recipe on `device`, the
+    dataset listed unless given, "auto" counts measured), for tests that need just a loader."""
+    import dataclasses
+
+    from stallfree.train.prepare import prepare_recipe
+
+    ctx = prepare_recipe(recipe, dist or DistInfo(), device)
+    ctx = dataclasses.replace(ctx, dataset=dataset) if dataset is not None else ctx.with_dataset()
+    return ctx.with_loader_counts().loader(split)
 
 
 def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:

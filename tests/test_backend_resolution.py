@@ -48,9 +48,9 @@ def test_synthetic_decode_auto_is_chosen_once(image_root: Path, monkeypatch: pyt
     """synthetic-decode's "auto" is decided in prepare_recipe; its loaders wrap that backend."""
     chosen: list[torch.device] = []
 
-    def fake_choose(device: torch.device, local_world_size: int = 1) -> tuple[str, list[str], str]:
+    def fake_choose(device: torch.device, local_world_size: int = 1) -> choose.Choice:
         chosen.append(device)
-        return "torch", [], "test"
+        return choose.Choice("torch", "test")
 
     monkeypatch.setattr(choose, "choose_backend", fake_choose)
     recipe = small_recipe(image_root, loader={"backend": "synthetic-decode", "synthetic_decode": "auto"})

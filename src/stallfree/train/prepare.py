@@ -119,19 +119,20 @@ class RunContext:
         }
 
 
-def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
-    """Validate the recipe, pick the device, resolve `precision` and the loader backend (once,
+def prepare_recipe(recipe: Recipe, dist: DistInfo, device: torch.device | None = None) -> RunContext:
+    """Validate the recipe, pick the device (`device`, when the caller names one exactly, else
+    `train.device` for this rank), resolve `precision` and the loader backend on it (once,
     `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
     recipe = recipe.copy()
     validate(recipe)
-    device = resolve_device(recipe.train.device, dist)
+    device = device if device is not None else resolve_device(recipe.train.device, dist)
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
     # resolve_precision hands back its input or one of bf16/fp16/fp32: a Precision either way.
     recipe.train.precision = cast(Precision, resolve_precision(recipe.train.precision, device))
     _check_trackers(recipe.train.trackers)
-    recipe = resolve_auto(recipe, device, dist, say=True)
+    resolve_auto(recipe.loader, device, dist, say=True)
     backend = registry.resolve(recipe.loader)  # the one resolution; a plug-in's table checked now
     if backend.entry is None and backend.options is not None:
         # A plug-in's options with their defaults filled in: recipe.toml shows every value used.
