@@ -58,7 +58,7 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(
     recipe = small_recipe(image_root, loader={"backend": "auto"})
     with caplog.at_level(logging.INFO, logger="stallfree"):
         ctx = prepare_recipe(recipe, DistInfo())
-    resolved, device = ctx.recipe, ctx.device
+    resolved = ctx.recipe
     assert resolved.loader.backend == auto.CPU_CHOICE
     assert f"--loader auto: {auto.CPU_CHOICE} (CPU run" in caplog.text
     loader = ctx.with_dataset().loader("val")

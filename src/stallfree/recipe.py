@@ -353,11 +353,6 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"data.val_fraction = {recipe.data.val_fraction}; 0 (off) or a share in (0, 1)")
     if not 0 <= recipe.train.ema_decay < 1:
         raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
-    if recipe.loader.backend != "synthetic" and not recipe.data.root:
-        raise RecipeError(
-            f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
-            "empty; set it in the recipe or with --set data.root=PATH"
-        )
 
 
 # The fix for a folder root without val/, in both messages (here and the folder reader's).

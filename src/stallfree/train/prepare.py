@@ -125,6 +125,7 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo, device: torch.device | None =
     `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
     recipe = recipe.copy()
     validate(recipe)
+    registry.check_data_root(recipe)
     device = device if device is not None else resolve_device(recipe.train.device, dist)
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
