@@ -118,6 +118,6 @@ def resolve_auto(loader: LoaderConfig, device: torch.device, dist: DistInfo, *, 
         assert entry is not None
         setattr(loader, entry.wraps, choice.backend)
         return
-    loader.backend = choice.backend
+    loader.backend, loader.backend_requested = choice.backend, AUTO
     if say and dist.rank == 0:
         LOGGER.info(f"--loader auto: {choice.backend} ({choice.why})")
