@@ -113,11 +113,12 @@ def resolve_auto(loader: LoaderConfig, device: torch.device, dist: DistInfo, *, 
         return
     # Through the module attribute, so that a test's stand-in is the one asked.
     choice: Choice = sys.modules[__name__].choose_backend(device, dist.local_world_size)
-    loader.dali.decode = choice.dali_decode if choice.dali_decode == "cpu" else loader.dali.decode
+    if choice.dali_decode == "cpu":  # nvJPEG failed on this GPU: DALI decodes on the CPU
+        loader.dali.decode = "cpu"
     if wrapped_auto:
         assert entry is not None
         setattr(loader, entry.wraps, choice.backend)
         return
-    loader.backend, loader.backend_requested = choice.backend, AUTO
+    loader.backend, loader.backend_requested = choice.backend, "auto"
     if say and dist.rank == 0:
         LOGGER.info(f"--loader auto: {choice.backend} ({choice.why})")
