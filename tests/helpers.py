@@ -66,15 +66,17 @@ def build_loader(
     dist: DistInfo | None = None,
     dataset: Dataset | None = None,
 ) -> Loader:
-    """One loader of `split`, resolved as a run resolves it (prepare_recipe on `device`, the
-    dataset listed unless given, "auto" counts measured), for tests that need just a loader."""
-    import dataclasses
+    """One loader of `split`, its backend resolved as a run resolves it ("auto" decided on
+    `device`, the dataset listed unless given, "auto" counts measured), without the recipe's
+    cross-key checks: tests build loaders from recipes a run would refuse (a val crop too big)."""
+    from stallfree.data import registry
+    from stallfree.data.choose import resolve_auto
+    from stallfree.train.prepare import RunContext
 
-    from stallfree.train.prepare import prepare_recipe
-
-    ctx = prepare_recipe(recipe, dist or DistInfo(), device)
-    ctx = dataclasses.replace(ctx, dataset=dataset) if dataset is not None else ctx.with_dataset()
-    return ctx.with_loader_counts().loader(split)
+    recipe, dist = recipe.copy(), dist or DistInfo()
+    resolve_auto(recipe.loader, device, dist)
+    ctx = RunContext(recipe, device, dist, registry.resolve(recipe.loader), dataset)
+    return ctx.with_dataset().with_loader_counts().loader(split)
 
 
 def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:
