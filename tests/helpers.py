@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from stallfree.data.loader import Batch, ShardedLoader
+from stallfree.data.loader import Batch, Loader, ShardedLoader
+from stallfree.data.readers.folders import Dataset
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
 
@@ -55,6 +56,27 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
         warnings.simplefilter("ignore")  # warmup longer than this tiny run: expected here
         trainer = build_trainer(ctx, train_batches=len(loader), progress=False)
     return ctx, loader, trainer
+
+
+def build_loader(
+    recipe: Recipe,
+    split: str,
+    *,
+    device: torch.device,
+    dist: DistInfo | None = None,
+    dataset: Dataset | None = None,
+) -> Loader:
+    """One loader of `split`, its backend resolved as a run resolves it ("auto" decided on
+    `device`, the dataset listed unless given, "auto" counts measured), without the recipe's
+    cross-key checks: tests build loaders from recipes a run would refuse (a val crop too big)."""
+    from stallfree.data import registry
+    from stallfree.data.choose import resolve_auto
+    from stallfree.train.prepare import RunContext
+
+    recipe, dist = recipe.copy(), dist or DistInfo()
+    resolve_auto(recipe.loader, device, dist)
+    ctx = RunContext(recipe, device, dist, registry.resolve(recipe.loader), dataset)
+    return ctx.with_dataset().with_loader_counts().loader(split)
 
 
 def small_recipe(root: Path | str, **sections: dict[str, Any]) -> Recipe:

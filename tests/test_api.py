@@ -220,3 +220,36 @@ def test_overrides_may_be_one_string_and_stallfree_error_is_public(image_root: P
 
     with pytest.raises(StallfreeError, match="train.batch_sise"):
         stallfree.loader(path, overrides="train.batch_sise=5")
+
+
+class _Resolved(Exception):
+    """Stops stallfree.loader once the backend is chosen: no CUDA work on a CPU host."""
+
+
+def test_the_given_device_is_the_one_precision_and_the_backend_choice_see(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`device="cuda:1"` on LOCAL_RANK 0: precision "auto" and `--loader auto` (the nvJPEG
+    probe) are resolved on cuda:1, not on the rank's default GPU with the device swapped after."""
+    import stallfree.data.choose as choose
+    import stallfree.train.prepare as prepare
+
+    seen: dict[str, torch.device] = {}
+
+    def precision(requested: str, device: torch.device) -> str:
+        seen["precision"] = device
+        return "fp32"
+
+    def choose_backend(device: torch.device, local_world_size: int = 1) -> Any:
+        seen["backend"] = device
+        raise _Resolved
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    monkeypatch.setattr(prepare, "resolve_precision", precision)
+    monkeypatch.setattr(choose, "choose_backend", choose_backend)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(_Resolved):
+        stallfree.loader(_recipe_file(image_root, tmp_path, "auto"), device="cuda:1")
+    assert seen == {"precision": torch.device("cuda", 1), "backend": torch.device("cuda", 1)}

@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 
 import stallfree.data.autotune as autotune
 import stallfree.data.choose as auto
-from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 from stallfree.recipe import load_recipe
 from stallfree.train.prepare import prepare, prepare_recipe
@@ -39,16 +38,17 @@ def fake_machine(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     "dali, gpu, cores, expected",
     [
-        (None, None, 2, ("dali", [])),  # nvJPEG works
-        (None, "nvjpeg did not load", 8, ("dali", ['loader.dali.decode="cpu"'])),
-        (None, "nvjpeg did not load", 2, ("torch", [])),  # too few cores for DALI's CPU decode
-        ("DALI does not import", None, 8, ("torch", [])),
+        (None, None, 2, ("dali", "auto")),  # nvJPEG works
+        (None, "nvjpeg did not load", 8, ("dali", "cpu")),
+        (None, "nvjpeg did not load", 2, ("torch", "auto")),  # too few cores for DALI's CPU decode
+        ("DALI does not import", None, 8, ("torch", "auto")),
     ],
 )
 def test_the_fallback_chain_on_a_gpu(fake_machine, dali, gpu, cores, expected) -> None:
     fake_machine(dali, gpu, cores)
-    backend, sets, why = auto.choose_backend(GPU)
-    assert (backend, sets) == expected
+    choice = auto.choose_backend(GPU)
+    assert (choice.backend, choice.dali_decode) == expected
+    why = choice.why
     assert why and (gpu is None or gpu in why or dali in why)
 
 
@@ -58,11 +58,10 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(
     recipe = small_recipe(image_root, loader={"backend": "auto"})
     with caplog.at_level(logging.INFO, logger="stallfree"):
         ctx = prepare_recipe(recipe, DistInfo())
-    resolved, device = ctx.recipe, ctx.device
+    resolved = ctx.recipe
     assert resolved.loader.backend == auto.CPU_CHOICE
     assert f"--loader auto: {auto.CPU_CHOICE} (CPU run" in caplog.text
-    # build_loader takes "auto" too (a library user without prepare_recipe).
-    loader = build_loader(recipe, "val", device=device)
+    loader = ctx.with_dataset().loader("val")
     assert len(list(loader)) == len(loader) == 4
     loader.close()
 
@@ -74,20 +73,17 @@ def test_auto_counts_are_measured_and_kept(
 ) -> None:
     table = "workers" if backend == "torch" else "threads"
     recipe = small_recipe(image_root, loader={"backend": backend, backend: {table: "auto"}})
-    loader = build_loader(recipe, "train", device=CPU)
-    figures = loader.autotune
+    # A run measures once, at its start; its loaders, val too, are built with that count.
+    ctx = prepare(recipe).with_loader_counts()
+    figures = ctx.autotune
     assert figures is not None and figures["key"] == f"loader.{backend}.{table}"
     assert set(figures["images_per_s"]) == {str(n) for n in autotune.candidates(1)}
     assert all(rate > 0 for rate in figures["images_per_s"].values())
     assert str(figures["chosen"]) == max(figures["images_per_s"], key=figures["images_per_s"].get)
-    assert len(list(loader)) == len(loader)
-    loader.close()
-    # A run measures once, at its start; its loaders, val too, are built with that count.
-    ctx = prepare(recipe).with_loader_counts()
-    assert ctx.autotune is not None and ctx.autotune["key"] == f"loader.{backend}.{table}"
     monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured twice"))
     for split in ("train", "val"):
-        ctx.loader(split).close()
+        with ctx.loader(split) as loader:
+            assert len(list(loader)) == len(loader)
 
 
 @pytest.mark.e2e

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE, SUITES, apply_op, apply_ops, draw_ops
 from stallfree.recipe import RecipeError, apply_overrides, validate
 

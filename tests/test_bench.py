@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
 from stallfree.bench.report import markdown, ratios, summarise, write_report
@@ -24,7 +24,6 @@ from stallfree.bench.runner import (
     run_bench,
     stream,
 )
-from stallfree.data.build import build_loader
 from stallfree.data.tools.demo import write_demo
 
 CPU = torch.device("cpu")

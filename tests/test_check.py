@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.tools.check import check_dataset
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe, torchrun_train
+from helpers import build_loader, small_recipe, torchrun_train
 
 import stallfree.data.readers.startup_check as startup
-from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import BadImageError, bad_headers
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train

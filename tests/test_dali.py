@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 
 pytestmark = pytest.mark.dali

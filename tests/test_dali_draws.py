@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import displayed_size
 from stallfree.data.sharding import sample_seeds
 from stallfree.data.transforms.draws import draw_train

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.data.readers.folders import DatasetError, list_split, resolve_dataset
 from stallfree.recipe import DataConfig
 

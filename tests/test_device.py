@@ -97,7 +97,7 @@ def test_rng_state_holds_only_this_ranks_cuda_device() -> None:
 def test_dali_memory_errors_are_not_reported_as_bad_files(
     image_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stallfree.data.build import build_loader
+    from helpers import build_loader
 
     loader = build_loader(
         small_recipe(image_root, loader={"backend": "dali"}), "train", device=torch.device("cpu")

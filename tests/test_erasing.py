@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 
-from stallfree.data.build import build_loader
 from stallfree.recipe import RecipeError, apply_overrides, validate
 
 CPU = torch.device("cpu")

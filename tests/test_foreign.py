@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.build import build_loader
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.tarshards import ShardError
 from stallfree.data.tools.check import check_dataset

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import exif_block, jpeg_with_segments, small_recipe
+from helpers import build_loader, exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.build import build_loader
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import DataConfig, dump_toml
@@ -54,11 +53,8 @@ def test_a_loader_left_open_does_not_hang_the_exit(tmp_path: Path) -> None:
         dump_toml(small_recipe(root, loader={"torch": {"workers": 2}}, train={"batch_size": 2}))
     )
     script = (
-        "import torch, sys\n"
-        "from stallfree.recipe import load_recipe\n"
-        "from stallfree.data.build import build_loader\n"
-        f"loader = build_loader(load_recipe({str(recipe)!r}), 'val', "
-        "device=torch.device('cpu'))\n"
+        "import stallfree\n"
+        f"loader = stallfree.loader({str(recipe)!r}, 'val', device='cpu')\n"
         "list(loader)  # raises BadImageError, and the loader is never closed\n"
     )
     done = subprocess.run(
@@ -265,7 +261,7 @@ def test_files_dali_cannot_decode_are_refused_by_the_header_check(
 _LOAD_BOTH_POLICIES = """
 import sys, warnings, torch
 from stallfree.recipe import load_recipe, recipe_from_dict
-from stallfree.data.build import build_loader
+from stallfree import loader as build_loader
 from stallfree.data.readers.imageio import BadImageError
 for kind, policy, path in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
     recipe = load_recipe(path)
@@ -273,7 +269,7 @@ for kind, policy, path in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                loader = build_loader(recipe, split, device=torch.device("cpu"))
+                loader = build_loader(recipe, split, device="cpu")
                 samples = sum(len(batch.labels) for batch in loader)
                 loader.close()
             except BadImageError as exc:

@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
 from stallfree.data.backends.torch_backend import TorchLoader
-from stallfree.data.build import build_loader
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.registry import BACKENDS, BackendError, resolve, resolve_backend
 from stallfree.data.sharding import ShardPlan, epoch_permutation

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.data.tools.demo import write_demo
 from stallfree.log import NativeStderr
 

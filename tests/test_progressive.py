@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 
-from stallfree.data.build import build_loader
 from stallfree.recipe import AugmentConfig
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 from test_reads_in_flight import RAW_PIXELS, SlowReads
 
-from stallfree.data.build import build_loader
 from stallfree.parallel import DistInfo
 
 CPU = torch.device("cpu")

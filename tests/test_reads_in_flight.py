@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import exif_block, jpeg_with_segments, small_recipe
+from helpers import build_loader, exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
-from stallfree.data.build import build_loader
 from stallfree.data.readers import headers
 from stallfree.data.readers.imageio import BadImageError, check_header
 from stallfree.parallel import DistInfo

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.data.readers.folders import DatasetError, resolve_dataset
+from stallfree.data.registry import check_data_root
 from stallfree.recipe import (
     DataConfig,
     Recipe,
@@ -79,7 +80,7 @@ def test_bad_values_fail_validation(tmp_path: Path, override: str, needle: str) 
 def test_missing_and_empty_data_roots(tmp_path: Path) -> None:
     recipe = Recipe()
     with pytest.raises(RecipeError, match="data.root, which is empty"):
-        validate(recipe)
+        check_data_root(recipe)
     with pytest.raises(DatasetError, match="does not exist"):
         resolve_dataset(DataConfig(root=str(tmp_path / "nope")))
     with pytest.raises(DatasetError, match="no train/ folder"):

@@ -51,7 +51,8 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
     assert summary["val_top1"] >= 0.25, summary
     run = tmp_path / "run"
     expected = recipe.copy()  # recipe.toml holds what `auto` resolved to on this CPU
-    expected.train.precision = summary["precision"]
+    expected.train.precision, expected.train.precision_requested = summary["precision"], "auto"
+    expected.loader.io_depth, expected.loader.io_depth_requested = 16, "auto"  # a local path's
     assert load_recipe(run / "recipe.toml") == expected
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import build_loader, small_recipe
 
 from stallfree.cli import main
-from stallfree.data.build import build_loader
 from stallfree.data.readers.tarshards import read_index
 from stallfree.data.tools.pack import write_index
 from stallfree.parallel import DistInfo

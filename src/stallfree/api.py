@@ -6,7 +6,6 @@ backends load when `loader()` is called, and `import stallfree` stays as light a
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -51,9 +50,10 @@ def loader(
     _set_fields(resolved, fields)
     # The CLI's order (train/run.py): validate and resolve precision, device and backend, list
     # the dataset once, decide "auto" worker/thread counts, then build.
-    ctx = prepare_recipe(resolved, _dist(rank, world_size)).with_dataset().with_loader_counts()
-    if device is not None:
-        ctx = dataclasses.replace(ctx, device=torch.device(device))
+    # Precision, `--loader auto`'s probe and "auto" counts are resolved on the device given.
+    exact = torch.device(device) if device is not None else None
+    exact = exact if exact is None or exact.index is not None or exact.type == "cpu" else None
+    ctx = prepare_recipe(resolved, _dist(rank, world_size), exact).with_dataset().with_loader_counts()
     return ctx.loader(split)
 
 

@@ -17,7 +17,7 @@ from stallfree.commands import export as _export
 from stallfree.commands import predict as _predict
 from stallfree.commands.compare import format_figure
 from stallfree.data.readers.paths import check_paths
-from stallfree.data.registry import AUTO, BACKENDS
+from stallfree.data.registry import AUTO, BACKENDS, check_data_root
 from stallfree.errors import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StallfreeError
 from stallfree.log import LOGGER, setup_logging, show_progress
 from stallfree.recipe import (
@@ -132,6 +132,7 @@ def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
     recipe = apply_overrides(recipe, overrides)
     try:  # the rules across keys, checked here so that the message says where the recipe came from
         validate(recipe)
+        check_data_root(recipe)
         if paths:  # a resumed run reads its checkpoint's weights, not model.init_from
             check_paths(recipe, weights=args.command == "train" and not args.resume)
     except RecipeError as exc:

@@ -26,6 +26,7 @@ else:  # Python 3.10 (NVIDIA containers of 2024): the same parser, packaged as t
 
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
+Requested = Literal["", "auto"]  # a `<key>_requested`: "auto" when <key> holds what it resolved to
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = typing.get_args(Device)  # train.device and every command's --device
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS
@@ -139,6 +140,8 @@ class TrainConfig:
     accum_steps: int = field(default=1, metadata=at_least(1))
     # auto: what the device runs natively (see train/precision.py); resolved once at start.
     precision: Precision = "auto"
+    # "auto" when the key beside it holds what "auto" resolved to (set by a run, not by hand).
+    precision_requested: Requested = ""
     max_grad_norm: float = field(default=0.0, metadata=at_least(0))  # 0: no clipping
     seed: int = 0
     log_every: int = field(default=20, metadata=at_least(1))
@@ -152,8 +155,10 @@ class TrainConfig:
     # Each loaded batch runs in chunks of this size (0: whole); "auto" finds the largest that
     # fits. The global batch, the samples and the loader positions stay as they are.
     micro_batch: int | Literal["auto"] = field(default=0, metadata=at_least(0))
+    micro_batch_requested: Requested = ""  # the size found on every rank of a DDP run
     max_nonfinite_steps: int = field(default=10, metadata=at_least(1))
     device: Device = "auto"
+    device_requested: Requested = ""
     ckpt_every_steps: int = field(default=0, metadata=at_least(0))  # 0: at epoch ends only
     # >= 2: a crash in the middle of a save must leave one good checkpoint.
     keep_checkpoints: int = field(default=3, metadata=at_least(2))
@@ -170,7 +175,7 @@ class TorchLoaderConfig:
     workers: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
     # "auto": `workers` holds the count that "auto" chose (a run's recipe.toml and checkpoints
     # say so, and a resume reuses the count instead of measuring again).
-    workers_requested: Literal["", "auto"] = ""
+    workers_requested: Requested = ""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -179,7 +184,7 @@ class DaliLoaderConfig:
 
     # -1 or 0: this rank's share; "auto": the fastest count near it, measured at start
     threads: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
-    threads_requested: Literal["", "auto"] = ""  # as loader.torch.workers_requested
+    threads_requested: Requested = ""  # as loader.torch.workers_requested
     device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
     decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
     hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder
@@ -188,6 +193,7 @@ class DaliLoaderConfig:
 @dataclass(kw_only=True, slots=True)
 class LoaderConfig:
     backend: str = "torch"  # dali | torch | synthetic | synthetic-decode | auto | module:function
+    backend_requested: Requested = ""  # as train.precision_requested
     # synthetic-decode: the pipeline that decodes the in-memory files ("auto": as --loader auto)
     synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
     prefetch: int = field(default=2, metadata=at_least(1))  # batches queued ahead
@@ -195,6 +201,7 @@ class LoaderConfig:
     # object storage every read waits milliseconds, so many must be in flight.
     # "auto": 16 from a path, 64 from an s3:// root (data/readers/inflight.py says why).
     io_depth: int | Literal["auto"] = field(default="auto", metadata=at_least(1))
+    io_depth_requested: Requested = ""
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
     # A module:function backend's own keys, checked against the dataclass it declares
@@ -323,6 +330,13 @@ def set_key(recipe: Recipe, dotted: str, value: Any, source: str) -> None:
         nested, key = {key: nested}, name
     recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
     set_field(getattr(recipe, tables[0]), tables[0], key, nested, source, _MOVED)
+    # A key set anew is a new request: the record that "auto" chose its value no longer holds.
+    owner: Any = recipe
+    for name in dotted.split(".")[:-1]:
+        owner = getattr(owner, name, None)
+    request = f"{dotted.rsplit('.', 1)[-1]}_requested"
+    if owner is not None and not dotted.endswith("_requested") and hasattr(owner, request):
+        setattr(owner, request, "")
 
 
 def validate(recipe: Recipe) -> None:
@@ -353,11 +367,6 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"data.val_fraction = {recipe.data.val_fraction}; 0 (off) or a share in (0, 1)")
     if not 0 <= recipe.train.ema_decay < 1:
         raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
-    if recipe.loader.backend != "synthetic" and not recipe.data.root:
-        raise RecipeError(
-            f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
-            "empty; set it in the recipe or with --set data.root=PATH"
-        )
 
 
 # The fix for a folder root without val/, in both messages (here and the folder reader's).

@@ -8,8 +8,7 @@ The figures go into the run directory (autotune.json) and the log.
 
 Candidates start after their first batch (worker or pipeline start-up is paid once per run,
 not per batch). Measuring costs a few seconds and happens once per run, in
-`RunContext.with_loader_counts`: every loader of the run is built with the recorded count
-(a library `build_loader` given "auto" measures for that loader).
+`RunContext.with_loader_counts`: every loader of the run is built with the recorded count.
 
 A training run writes the chosen count into its recipe (recipe.toml and every checkpoint),
 with "auto" beside it as the request (`workers_requested = "auto"`, `record`): what ran is on
@@ -65,12 +64,11 @@ def record(loader: LoaderConfig, backend: ResolvedBackend, count: int) -> None:
     setattr(table, f"{backend.knob[1]}_requested", "auto")
 
 
-def tuned_count(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any] | None]:
+def tuned_count(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any]]:
     """The count "auto" takes for `spec` (measured now), and the figures."""
     if backend.knob is None:
         raise ValueError(f'backend {backend.name!r} has no count that "auto" tunes')
-    tuned, figures = autotuned(spec, backend)
-    return getattr(tuned.options, backend.knob[1]), figures
+    return _measure(spec, backend)
 
 
 def _with_count(spec: LoaderSpec, backend: ResolvedBackend, count: int) -> LoaderSpec:
@@ -93,15 +91,6 @@ def _rate(loader: Loader, batch_size: int, batches: int) -> float:
     for _ in range(batches):
         next(iterator)
     return batches * batch_size / (time.perf_counter() - started)
-
-
-def autotuned(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[LoaderSpec, dict[str, Any] | None]:
-    """`spec` with its "auto" count replaced by the measured best, and the figures (None when
-    nothing was "auto")."""
-    if backend.knob is None or getattr(spec.options, backend.knob[1]) != "auto":
-        return spec, None
-    chosen, figures = _measure(spec, backend)
-    return _with_count(spec, backend, chosen), figures
 
 
 def _measure(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any]]:

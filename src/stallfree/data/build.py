@@ -1,5 +1,5 @@
 """`build_loader`: a rank's Loader of one split, from a recipe, its dataset and its resolved
-backend (the backend's typed options, "auto" counts measured by data/autotune.py).
+backend (the backend's typed options, "auto" counts already decided by data/autotune.py).
 
 Kept apart from the contract (data/loader.py) so that the contract imports no orchestration:
 autotune times Loaders, and this module, which calls it, sits above both.
@@ -11,11 +11,9 @@ from typing import Any
 
 import torch
 
-from stallfree.data import registry
-from stallfree.data.autotune import autotuned, tuned_count
-from stallfree.data.choose import resolve_auto
+from stallfree.data.autotune import asks_auto, tuned_count, tuned_key
 from stallfree.data.loader import Loader, LoaderSpec
-from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
+from stallfree.data.readers.folders import Dataset, class_count
 from stallfree.data.registry import BackendError, ResolvedBackend
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe
@@ -38,23 +36,18 @@ def build_loader(
     split: str,
     *,
     device: torch.device,
-    dist: DistInfo | None = None,
-    dataset: Dataset | None = None,
-    backend: ResolvedBackend | None = None,
+    dist: DistInfo,
+    dataset: Dataset | None,
+    backend: ResolvedBackend,
 ) -> Loader:
-    """Build the backend's loader of `split` ("train" or "val") for this rank from the resolved
-    dataset. `backend`: the run's, resolved once (RunContext.backend); a library caller without
-    one gets `recipe.loader.backend` resolved here, "auto" the way a run decides it."""
-    dist = dist or DistInfo()
-    if backend is None:
-        recipe = resolve_auto(recipe, device, dist)
-        backend = registry.resolve(recipe.loader)
-    if dataset is None and recipe.data.root:
-        dataset = resolve_dataset(recipe.data, seed=recipe.train.seed)
-    spec, tuning = autotuned(loader_spec(recipe, split, device, dist, dataset, backend), backend)
-    loader = backend.build(spec)
-    loader.autotune = tuning
-    return loader
+    """Build the backend's loader of `split` ("train" or "val") for this rank from the listed
+    dataset. `backend`: the run's, resolved once, its "auto" count decided (RunContext)."""
+    if asks_auto(backend):
+        raise ValueError(
+            f'{tuned_key(backend)} = "auto": decide it before building loaders '
+            "(RunContext.with_loader_counts, which stallfree.loader() and every command call)"
+        )
+    return backend.build(loader_spec(recipe, split, device, dist, dataset, backend))
 
 
 def measure_auto_count(

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 import torch
 
 from stallfree.data.registry import AUTO, BACKENDS
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_workers
-from stallfree.recipe import Recipe, apply_overrides
+from stallfree.recipe import LoaderConfig
 
 _DALI_CPU_MIN_CORES = 4
 # The CPU run's loader. Measured in `stallfree bench` (benchmarks/RESULTS.md, 2-core EPYC,
@@ -58,62 +60,65 @@ def _gpu_decode_problem(device_index: int) -> str | None:
     return None if ok else said
 
 
-def choose_backend(device: torch.device, local_world_size: int = 1) -> tuple[str, list[str], str]:
-    """(backend, recipe overrides, why) for `--loader auto` on this device."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What `--loader auto` decided on one device: the backend, DALI's decode (`"cpu"` when
+    nvJPEG fails but the cores suffice) and why, for the run's start line."""
+
+    backend: Literal["dali", "torch"]
+    why: str
+    dali_decode: Literal["auto", "cpu"] = "auto"
+
+
+def choose_backend(device: torch.device, local_world_size: int = 1) -> Choice:
+    """The backend `--loader auto` takes on `device` (its nvJPEG probe runs on that GPU)."""
     dali_problem = _dali_problem()
     if device.type == "cuda":
         if dali_problem is None:
             gpu_problem = _gpu_decode_problem(device.index or 0)
             if gpu_problem is None:
-                return "dali", [], "DALI decodes on this GPU (nvJPEG probe passed)"
+                return Choice("dali", "DALI decodes on this GPU (nvJPEG probe passed)")
             cores = cpu_workers(-1, local_world_size)
             if cores >= _DALI_CPU_MIN_CORES:
-                return (
+                return Choice(
                     "dali",
-                    ['loader.dali.decode="cpu"'],
                     f"nvJPEG failed ({gpu_problem}); DALI decodes on {cores} CPU cores "
                     "and augments on the GPU",
+                    dali_decode="cpu",
                 )
-            return (
+            return Choice(
                 "torch",
-                [],
-                (
-                    f"nvJPEG failed ({gpu_problem}) and {cores} core(s) per rank "
-                    f"are under {_DALI_CPU_MIN_CORES} for DALI's CPU decode"
-                ),
+                f"nvJPEG failed ({gpu_problem}) and {cores} core(s) per rank "
+                f"are under {_DALI_CPU_MIN_CORES} for DALI's CPU decode",
             )
-        return "torch", [], f"no GPU decode: {dali_problem}"
+        return Choice("torch", f"no GPU decode: {dali_problem}")
     if CPU_CHOICE == "dali" and dali_problem is None:
-        return "dali", [], "CPU run: DALI's CPU graph measured fastest here"
+        return Choice("dali", "CPU run: DALI's CPU graph measured fastest here")
     if CPU_CHOICE == "dali":
-        return "torch", [], f"CPU run: {dali_problem}"
-    return (
+        return Choice("torch", f"CPU run: {dali_problem}")
+    return Choice(
         "torch",
-        [],
-        (
-            "CPU run: torch measured within the spread of DALI's CPU graph, in "
-            "about half the memory (benchmarks/RESULTS.md)"
-        ),
+        "CPU run: torch measured within the spread of DALI's CPU graph, in "
+        "about half the memory (benchmarks/RESULTS.md)",
     )
 
 
-def resolve_auto(recipe: Recipe, device: torch.device, dist: DistInfo, *, say: bool = False) -> Recipe:
-    """`recipe` with `loader.backend = "auto"` (and a wrapper's "auto", synthetic-decode's)
-    decided for this device, once: the choice goes into the recipe, which the run directory
-    keeps. `say`: log the choice and its reason (rank 0 of a run)."""
-    loader = recipe.loader
+def resolve_auto(loader: LoaderConfig, device: torch.device, dist: DistInfo, *, say: bool = False) -> None:
+    """Decide `loader.backend = "auto"` (or a wrapper's "auto", synthetic-decode's) for
+    `device`, in place: the choice goes into the recipe, which the run directory keeps.
+    `say`: log the choice and its reason (rank 0 of a run)."""
     entry = BACKENDS.get(loader.backend)
     wrapped_auto = entry is not None and entry.wraps and getattr(loader, entry.wraps) == AUTO
     if loader.backend != AUTO and not wrapped_auto:
-        return recipe
+        return
     # Through the module attribute, so that a test's stand-in is the one asked.
-    backend, sets, why = sys.modules[__name__].choose_backend(device, dist.local_world_size)
+    choice: Choice = sys.modules[__name__].choose_backend(device, dist.local_world_size)
+    if choice.dali_decode == "cpu":  # nvJPEG failed on this GPU: DALI decodes on the CPU
+        loader.dali.decode = "cpu"
     if wrapped_auto:
         assert entry is not None
-        recipe = apply_overrides(recipe, sets)  # e.g. DALI decoding on the CPU
-        setattr(recipe.loader, entry.wraps, backend)
-        return recipe
-    recipe = apply_overrides(recipe, [f'loader.backend="{backend}"', *sets])
+        setattr(loader, entry.wraps, choice.backend)
+        return
+    loader.backend, loader.backend_requested = choice.backend, "auto"
     if say and dist.rank == 0:
-        LOGGER.info(f"--loader auto: {backend} ({why})")
-    return recipe
+        LOGGER.info(f"--loader auto: {choice.backend} ({choice.why})")

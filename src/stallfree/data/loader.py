@@ -160,9 +160,6 @@ class Loader(ABC):
         """Leaving a `with` block closes the loader, as `close()` does."""
         self.close()
 
-    # What `workers`/`threads = "auto"` measured and chose (data/autotune.py), if anything.
-    autotune: dict[str, Any] | None = None
-
 
 class ShardedLoader(Loader):
     """A Loader over `n` samples cut by a `ShardPlan`; backends only turn sample ids into Batches."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.errors import StallfreeError
-from stallfree.recipe import LoaderConfig
+from stallfree.recipe import LoaderConfig, Recipe
 from stallfree.tables import RecipeError, table_from_dict
 
 
@@ -49,6 +49,21 @@ BACKENDS: dict[str, Backend] = {
 PLUGIN_TABLE = "plugin"
 # Resolved before any backend is built (stallfree.data.choose), so not a builder of its own.
 AUTO = "auto"
+
+
+def needs_data(name: str) -> bool:
+    """Whether backend `name` reads data.root: all but synthetic ("auto" and a plug-in do)."""
+    entry = BACKENDS.get(name)
+    return entry.needs_data if entry is not None else True
+
+
+def check_data_root(recipe: Recipe) -> None:
+    """A backend that reads data.root needs one: refused before torch loads, with the fix."""
+    if needs_data(recipe.loader.backend) and not recipe.data.root:
+        raise RecipeError(
+            f"loader.backend = {recipe.loader.backend!r} reads data.root, which is "
+            "empty; set it in the recipe or with --set data.root=PATH"
+        )
 
 
 def resolve_backend(name: str) -> Callable[..., Any]:
@@ -88,7 +103,7 @@ class ResolvedBackend:
 
     @property
     def needs_data(self) -> bool:
-        return self.entry.needs_data if self.entry else True
+        return needs_data(self.name)
 
 
 def resolve(loader: LoaderConfig, name: str | None = None) -> ResolvedBackend:

@@ -19,13 +19,14 @@ from stallfree.data.build import build_loader, measure_auto_count
 from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader
 from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
-from stallfree.data.registry import ResolvedBackend
+from stallfree.data.readers.inflight import reads_in_flight
+from stallfree.data.registry import AUTO, ResolvedBackend
 from stallfree.log import LOGGER
 from stallfree.metrics import SinkSet
 from stallfree.models import build_model
 from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Precision, Recipe, RecipeError, validate
+from stallfree.recipe import Device, Precision, Recipe, RecipeError, validate
 from stallfree.train.checkpoint import ResumePoint
 from stallfree.train.distributed import resolve_device, wrap_model
 from stallfree.train.ema import ModelEma
@@ -66,9 +67,12 @@ class RunContext:
         if self.dataset is not None or not self.recipe.data.root:
             return self
         data, seed = self.recipe.data, self.recipe.train.seed
-        return dataclasses.replace(
-            self, dataset=resolve_dataset(data, seed=seed, reuse_listing=self.resuming)
-        )
+        dataset = resolve_dataset(data, seed=seed, reuse_listing=self.resuming)
+        loader = self.recipe.loader  # the context's own copy (prepare_recipe's), which the run records
+        if loader.io_depth == "auto":
+            loader.io_depth = reads_in_flight(AUTO, dataset.splits["train"].prefix)
+            loader.io_depth_requested = "auto"
+        return dataclasses.replace(self, dataset=dataset)
 
     def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at
@@ -135,26 +139,45 @@ class RunContext:
         }
 
 
-def prepare_recipe(recipe: Recipe, dist: DistInfo) -> RunContext:
-    """Validate the recipe, pick the device, resolve `precision` and the loader backend (once,
+def prepare_recipe(recipe: Recipe, dist: DistInfo, device: torch.device | None = None) -> RunContext:
+    """Validate the recipe, pick the device (`device`, when the caller names one exactly, else
+    `train.device` for this rank), resolve `precision` and the loader backend on it (once,
     `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
     recipe = recipe.copy()
+    _ask_again(recipe)
     validate(recipe)
     if not recipe.data.endpoint_url:  # recipe.toml says which store the run read (no credential)
         recipe.data.endpoint_url = storage.endpoint_used(recipe.data.root)
-    device = resolve_device(recipe.train.device, dist)
+    registry.check_data_root(recipe)
+    device = device if device is not None else resolve_device(recipe.train.device, dist)
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
+    t = recipe.train
+    if t.device == "auto":
+        t.device, t.device_requested = cast(Device, device.type), "auto"
+    if t.precision == "auto":
+        t.precision_requested = "auto"
     # resolve_precision hands back its input or one of bf16/fp16/fp32: a Precision either way.
-    recipe.train.precision = cast(Precision, resolve_precision(recipe.train.precision, device))
+    t.precision = cast(Precision, resolve_precision(t.precision, device))
     _check_trackers(recipe.train.trackers)
-    recipe = resolve_auto(recipe, device, dist, say=True)
+    resolve_auto(recipe.loader, device, dist, say=True)
     backend = registry.resolve(recipe.loader)  # the one resolution; a plug-in's table checked now
     if backend.entry is None and backend.options is not None:
         # A plug-in's options with their defaults filled in: recipe.toml shows every value used.
         recipe.loader.plugin = dataclasses.asdict(backend.options)
     return RunContext(recipe, device, dist, backend)
+
+
+def _ask_again(recipe: Recipe) -> None:
+    """A recorded "auto" whose answer depends on the machine (the device, its precision, the
+    backend the device decodes best with, the micro-batch that fits) is asked again here."""
+    asked = (("train", "device"), ("train", "precision"), ("train", "micro_batch"), ("loader", "backend"))
+    for table, key in asked:
+        owner = getattr(recipe, table)
+        if getattr(owner, f"{key}_requested") == "auto":
+            setattr(owner, key, "auto")
+            setattr(owner, f"{key}_requested", "")
 
 
 def _check_trackers(trackers: Sequence[str]) -> None:

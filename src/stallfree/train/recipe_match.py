@@ -36,11 +36,13 @@ def checkpoint_recipe(state: dict[str, Any], path: Path) -> Recipe:
 def own_recipe(trained: Recipe, overrides: Sequence[str], path: Path) -> Recipe:
     """The checkpoint's recipe with the command's flags and --set overrides, its paths checked."""
     from stallfree.data.readers.paths import check_paths
+    from stallfree.data.registry import check_data_root
 
     recipe = apply_overrides(trained.copy(), list(overrides))
     recipe.model.init_from, recipe.model.pretrained = "", False  # the checkpoint holds every weight
     try:
         validate(recipe)
+        check_data_root(recipe)
         check_paths(recipe, weights=False)
     except RecipeError as exc:
         with_flags = " with the flags and --set overrides" if overrides else ""

@@ -161,6 +161,8 @@ def train(
         start_epoch = loaders["train"].epoch  # the loader keeps the epoch (a resume's, or 0)
         if recipe.train.micro_batch == "auto" and dist.world_size > 1:
             trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
+            # recipe.toml and the checkpoints say the size found (a resume probes again).
+            recipe.train.micro_batch, recipe.train.micro_batch_requested = trainer.micro.size, "auto"
         _barrier_after_checks()
         if dist.rank == 0:
             run.start(dump_toml(recipe), found.state["metrics_records"] if found else 0)
