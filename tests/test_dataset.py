@@ -24,7 +24,7 @@ def test_sorted_classes_and_files_and_left_out_files_are_named(tmp_path: Path) -
         _img(tmp_path / "train" / name)
     (tmp_path / "train" / "a" / "notes.txt").write_text("not an image")
     with pytest.warns(UserWarning, match=r"left out 1 file.*a/notes\.txt"):
-        listing = list_split(tmp_path, "train")
+        listing = list_split(tmp_path, "train")[0]
     assert listing.classes == ("a", "b", "c")
     assert [Path(p).name for p in listing.files] == ["9.JPG", "1.png", "2.jpg", "x.jpeg"]
     assert listing.labels.tolist() == [0, 1, 1, 2]
@@ -34,15 +34,15 @@ def test_empty_class_is_named(tmp_path: Path) -> None:
     _img(tmp_path / "train" / "a" / "1.jpg")
     (tmp_path / "train" / "empty").mkdir()
     with pytest.raises(DatasetError, match="empty has no images"):
-        list_split(tmp_path, "train")
+        list_split(tmp_path, "train")[0]
 
 
 def test_empty_or_missing_split(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="does not exist"):
-        list_split(tmp_path, "val")
+        list_split(tmp_path, "val")[0]
     (tmp_path / "val").mkdir()
     with pytest.raises(DatasetError, match="no class folders"):
-        list_split(tmp_path, "val")
+        list_split(tmp_path, "val")[0]
 
 
 def test_file_list_filters(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_other_files_in_sub_folders_are_named_and_hidden_folders_skipped(tmp_pat
     (tmp_path / "train" / "brick" / "nested").mkdir()
     (tmp_path / "train" / "brick" / "nested" / "notes.txt").write_text("x")
     with pytest.warns(UserWarning, match=r"left out 1 file.*brick/nested/notes\.txt"):
-        listing = list_split(tmp_path, "train")
+        listing = list_split(tmp_path, "train")[0]
     assert [Path(p).name for p in listing.files] == ["1.jpg"]
 
 
@@ -133,10 +133,10 @@ def test_a_class_with_images_only_in_sub_folders_is_no_empty_class(tmp_path: Pat
     _img(tmp_path / "train" / "clay" / "deep" / "1.jpg", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert list_split(tmp_path, "train").labels.tolist() == [0, 1]
+        assert list_split(tmp_path, "train")[0].labels.tolist() == [0, 1]
     (tmp_path / "train" / "sand" / "empty").mkdir(parents=True)
     with pytest.raises(DatasetError, match="sand has no images"):
-        list_split(tmp_path, "train")
+        list_split(tmp_path, "train")[0]
 
 
 def test_a_folder_link_back_into_its_class_is_named(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_a_folder_link_back_into_its_class_is_named(tmp_path: Path) -> None:
     (tmp_path / "train" / "brick" / "nested").mkdir()
     os.symlink("..", tmp_path / "train" / "brick" / "nested" / "up")  # os.walk would never end
     with pytest.raises(DatasetError, match=r"brick/nested/up links back to a folder above it"):
-        list_split(tmp_path, "train")
+        list_split(tmp_path, "train")[0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -85,8 +85,8 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
         )
     if data.file_list:
         return _from_file_list(root, classes, data.file_list)
-    train, train_subs = _list_split(root, "train", classes)
-    val, val_subs = _list_split(root, "val", classes)
+    train, train_subs = list_split(root, "train", classes)
+    val, val_subs = list_split(root, "val", classes)
     _warn_unmeasured(val_dir, classes, val)
     # Sub-folders too: a file replaced in one moves its time, not the class folder's.
     sources = (*(str(root / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
@@ -158,7 +158,7 @@ def _warn_unmeasured(val_dir: Path | str, classes: tuple[str, ...], val: Listing
 
 def _held_out(root: Path, classes: tuple[str, ...], fraction: float, seed: int) -> Dataset:
     """train/ alone: `fraction` of each class, drawn with `seed`, is val and is not trained on."""
-    listing, subs = _list_split(root, "train", classes)
+    listing, subs = list_split(root, "train", classes)
     train, val = hold_out(listing, fraction, seed)
     sources = (*(str(root / "train" / name) for name in classes), *subs)
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
@@ -244,19 +244,13 @@ def class_files(folder: Path) -> tuple[list[str], list[str]]:
     return [f for _, names in found for f in names], [rel.rstrip("/") for rel, _ in found[1:]]
 
 
-def list_split(root: str | Path, split: str, classes: tuple[str, ...] | None = None) -> Listing:
-    """List one split. `classes` (train's) fixes the label map; None lists the split's own folders.
-
-    Images in sub-folders of a class folder belong to that class (see `class_files`); files
-    with other extensions are left out and named in one warning.
-    """
-    return _list_split(root, split, classes)[0]
-
-
-def _list_split(
+def list_split(
     root: str | Path, split: str, classes: tuple[str, ...] | None = None
 ) -> tuple[Listing, list[str]]:
-    """The split's listing and every sub-folder of a class folder it walked (cache sources)."""
+    """List one split: its listing and every sub-folder of a class folder it walked (the start-up
+    cache's sources). `classes` (train's) fixes the label map; None lists the split's own
+    folders. Images in sub-folders of a class folder belong to that class (see `class_files`);
+    files with other extensions are left out and named in one warning."""
     split_dir = Path(root) / split
     if not split_dir.is_dir():
         raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
