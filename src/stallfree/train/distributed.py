@@ -41,7 +41,8 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
     if name == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(
-                "train.device = cuda but CUDA is not available here; use --device cpu (or auto)"
+                "the device is cuda (--device or train.device) but CUDA is not available here; "
+                "use --device cpu (or auto)"
             )
         return torch.device("cuda", local_cuda_index(info, torch.cuda.device_count()))
     return torch.device(name)
