@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,39 +94,35 @@ def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory):
-    """A SeaweedFS S3 server on loopback for the session; the standard AWS_* variables point
-    this process and its children at it (restored at the end)."""
-    from s3_server import Server, need_weed
-
-    server = Server(need_weed(), tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
-    server.kill()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@pytest.fixture(scope="session")
-def gcs_server(tmp_path_factory: pytest.TempPathFactory):
-    """fake-gcs-server on loopback for the session; STORAGE_EMULATOR_HOST points this process
-    and its children at it (restored at the end)."""
+def _serving(server: Any) -> Iterator[Any]:
+    """A session's store server, started, with its standard variables set in this process and
+    its children until the session ends (then restored), and killed at the end."""
     from emulators import environment
-    from gcs_server import Server, need_binary
 
-    server = Server(need_binary(), tmp_path_factory.mktemp("fake-gcs"))
     server.start()
     try:
         with environment(server.env()):
             yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A SeaweedFS S3 server on loopback for the session; the standard AWS_* variables point
+    this process and its children at it (restored at the end)."""
+    from s3_server import Server, need_weed
+
+    yield from _serving(Server(need_weed(), tmp_path_factory.mktemp("seaweed")))
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory):
+    """fake-gcs-server on loopback for the session; STORAGE_EMULATOR_HOST points this process
+    and its children at it (restored at the end)."""
+    from gcs_server import Server, need_binary
+
+    yield from _serving(Server(need_binary(), tmp_path_factory.mktemp("fake-gcs")))
 
 
 @pytest.fixture(scope="session")
@@ -133,12 +130,5 @@ def azure_server(tmp_path_factory: pytest.TempPathFactory):
     """Azurite on loopback for the session; AZURE_STORAGE_CONNECTION_STRING (its development
     account) points this process and its children at it (restored at the end)."""
     from azure_server import Server, need_binary
-    from emulators import environment
 
-    server = Server(need_binary(), tmp_path_factory.mktemp("azurite"))
-    server.start()
-    try:
-        with environment(server.env()):
-            yield server
-    finally:
-        server.kill()
+    yield from _serving(Server(need_binary(), tmp_path_factory.mktemp("azurite")))
