@@ -9,7 +9,7 @@ import pytest
 
 from stallfree.data import storage
 from stallfree.data.readers.headers import read_bytes
-from stallfree.data.storage import dispatch, settings, wire
+from stallfree.data.storage import dispatch, objects, settings, wire
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,25 @@ def test_a_get_that_failed_for_good_is_not_made_again(monkeypatch: pytest.Monkey
     with pytest.raises(storage.StoreUnavailableError, match=r"^s3://bucket/key: the store did not answer"):
         read("s3://bucket/key")
     assert calls.count("get") == 1 and settings.retries() == before
+
+
+def test_a_get_that_errs_while_its_head_answers_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted SeaweedFS answers HEADs (its filer) while its volumes still answer GETs with a
+    500: a read during a run waits for the bytes, it does not call that the store's refusal."""
+    failures = iter(range(3))
+
+    def restarting(op: str, where: object, *args: object) -> object:
+        if op == "head":
+            return (4, "etag")
+        if next(failures, None) is not None:
+            raise wire.Failure("no_answer", "Server returned non-2xx status code: 500 Internal Server Error")
+        return b"data"
+
+    monkeypatch.setattr(dispatch, "run", restarting)
+    monkeypatch.setattr(objects.time, "sleep", lambda seconds: None)
+    monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
+    monkeypatch.setenv(storage.OUTAGE_ENV, "30")
+    assert storage.read("s3://bucket/key") == b"data"
 
 
 def test_an_object_gone_since_the_listing_says_so(bucket: str) -> None:

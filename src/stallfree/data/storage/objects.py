@@ -61,7 +61,9 @@ def _probe(where: tuple[str, str, str, float], key: str) -> wire.Failure | None:
 
 def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
     """Request `op` of the object or prefix at `url`; a StoreError naming `url` if it fails.
-    `patient`: wait out an outage (reads during a run), else fail after the attempts (checks)."""
+    `patient`: wait out an outage (reads during a run), else fail after the attempts (checks).
+    A patient GET is not probed: a store whose HEADs answer while its GETs fail (a restarting
+    SeaweedFS's volumes) is in trouble, not refusing, and is waited for."""
     where, key = _where(url)
     started, attempts = time.monotonic(), settings.max_attempts()
     deadline = started + settings.outage_budget()
@@ -73,7 +75,7 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
             last = failure
             if failure.kind != "no_answer":
                 raise _error(url, op, failure) from None
-            if attempt == attempts or not patient:
+            if (attempt == attempts or not patient) and not (patient and op == "get"):
                 probe = _probe(where, key)
                 if probe is None or probe.kind != "no_answer":
                     raise _refused(url, op, failure, probe) from None
