@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,10 @@ from stallfree.data.loader import Batch, Loader, ShardedLoader
 from stallfree.data.readers.folders import Dataset
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
+
+# The `python` of the end-to-end runs: the session's fork server, with torch imported already
+# (zygote.py); the real interpreter where a test is about a fresh one (its imports, its exit).
+PYTHON = str(Path(__file__).resolve().parent / "fastpython")
 
 
 class TensorLoader(ShardedLoader):
@@ -111,7 +114,7 @@ def train_until_logged(
     recipe_path.write_text(dump_toml(recipe))
     run = tmp_path / "run"
     cmd = [
-        sys.executable,
+        PYTHON,
         "-m",
         "stallfree",
         "train",
@@ -183,10 +186,8 @@ def exif_block(orientation: int) -> bytes:
 def torchrun_train(*args: str) -> list[str]:
     """`torchrun --nproc_per_node 2 --standalone -m stallfree train ARGS --no-progress`: two CPU
     ranks on this machine (gloo), as the DDP tests launch them."""
-    import sys
-
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
         "-m", "stallfree", "train", *args, "--no-progress",
     ]  # fmt: skip
 

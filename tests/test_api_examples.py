@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 from doc_pages import pages, python_blocks
+from helpers import PYTHON
 from test_api import BACKENDS, _cli_batches, _recipe_file
 
 import stallfree
@@ -183,7 +183,7 @@ def test_two_ranks_under_torchrun_get_the_clis_shares(image_root: Path, tmp_path
     backends = ["torch"] + (["dali"] if importlib.util.find_spec("nvidia.dali") else [])
     path = _recipe_file(image_root, tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+        [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
         + [str(Path(__file__).with_name("api_ranks.py")), str(path), str(tmp_path), *backends],
         capture_output=True,
         text=True,

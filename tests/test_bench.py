@@ -6,13 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from itertools import islice
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_loader, small_recipe
+from helpers import PYTHON, build_loader, small_recipe
 from PIL import Image
 
 from stallfree.bench.report import markdown, ratios, summarise, write_report
@@ -277,7 +276,7 @@ def _gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHON": sys.executable, **env},
+        env={**os.environ, "PYTHON": PYTHON, **env},
     )
     try:
         out, err = proc.communicate(timeout=120)

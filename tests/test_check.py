@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import build_loader, small_recipe
+from helpers import PYTHON, build_loader, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
@@ -190,7 +190,6 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
     """Issue 24 (13): `data pack` killed (SIGKILL) after its first split leaves its staging
     folder beside OUT; `data check OUT` names it, and the next `data pack` removes it."""
     import subprocess
-    import sys
 
     root = tmp_path / "data"
     for split, n in (("train", 4), ("val", 2)):
@@ -205,7 +204,7 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
         "p.pack_split = killed\n"
         f"p.pack_dataset({str(root)!r}, {str(out)!r}, shard_bytes=1 << 20, progress=False)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, timeout=120)
     assert done.returncode == -9
     left = list(tmp_path.glob(".shards.packing-*"))
     assert len(left) == 1 and not out.exists()

@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_loader, small_recipe, torchrun_train
+from helpers import PYTHON, build_loader, small_recipe, torchrun_train
 
 import stallfree.data.readers.startup_check as startup
 from stallfree.data.readers.imageio import BadImageError, bad_headers
@@ -116,7 +115,7 @@ def test_the_requeue_loop_stops_on_a_failing_start(image_root: Path, tmp_path: P
     run.mkdir()
     (run / "preempted.json").write_text('{"signal": "SIGTERM"}')
     loop = (
-        f"n=0; until n=$((n+1)); [ $n -le 3 ] || exit 99; {sys.executable} -m stallfree "
+        f"n=0; until n=$((n+1)); [ $n -le 3 ] || exit 99; {PYTHON} -m stallfree "
         f"train {recipe} --out {run} --resume auto --no-progress; do code=$?; "
         f'[ "$code" -eq 75 ] || [ -f {run}/preempted.json ] || exit "$code"; done'
     )
@@ -136,7 +135,7 @@ def test_a_log_file_under_torchrun_reads_as_plain_lines_each_once(image_root: Pa
     path.write_text(dump_toml(recipe))
     log = tmp_path / "log"
     command = (
-        f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --standalone "
+        f"{PYTHON} -m torch.distributed.run --nproc_per_node 2 --standalone "
         f"-m stallfree train {path} --out {tmp_path / 'run'} > {log} 2>&1"
     )
     done = subprocess.run(["bash", "-c", command], timeout=300, check=False)

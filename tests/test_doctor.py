@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe
+from helpers import PYTHON, small_recipe
 
 from stallfree.recipe import dump_toml
 
@@ -35,7 +34,7 @@ def _blocked(tmp_path: Path, *modules: str) -> dict[str, str]:
 
 def _stallfree(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "stallfree", *args],
+        [PYTHON, "-m", "stallfree", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -62,7 +61,7 @@ def test_without_tomli_w_doctor_warns_and_training_still_writes_its_recipe(
     env = _blocked(tmp_path, "tomli_w")
     # doctor runs beside the training (each with its own cache): two processes, one wait.
     doctor = subprocess.Popen(
-        [sys.executable, "-m", "stallfree", "doctor"],
+        [PYTHON, "-m", "stallfree", "doctor"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import PYTHON
 
 _TESTS = """
 import subprocess
@@ -45,11 +45,12 @@ def test_marked():
 
 @pytest.mark.e2e
 def test_an_unmarked_test_that_starts_a_process_fails(tmp_path: Path) -> None:
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "zygote.py"):
+        shutil.copy(Path(__file__).with_name(name), tmp_path / name)
     (tmp_path / "test_inner.py").write_text(_TESTS)
     # Marked at collection, the test using a server may start one; the marked one may too.
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        [PYTHON, "-m", "pytest", "-q", "-rf", "-p", "no:randomly", "-p", "no:cacheprovider"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

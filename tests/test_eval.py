@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe
+from helpers import PYTHON, small_recipe
 
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
@@ -19,9 +18,9 @@ pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
 
 def _eval(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict:
     launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
+        [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
         if ranks > 1
-        else [sys.executable]
+        else [PYTHON]
     )
     result = subprocess.run(
         [

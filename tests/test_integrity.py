@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_loader, exif_block, jpeg_with_segments, small_recipe
+from helpers import PYTHON, build_loader, exif_block, jpeg_with_segments, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
@@ -166,18 +166,16 @@ def test_bench_checks_its_out_folder_first(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:
-    from stallfree.bench.usage import _tree_pss_mb
+    from stallfree.bench.usage import _tree_pids, _tree_pss_mb
 
-    rss = (
-        int(
-            next(
-                line
-                for line in Path("/proc/self/status").read_text().splitlines()
-                if line.startswith("VmRSS:")
-            ).split()[1]
-        )
-        / 1024
-    )
+    def rss_mb(pid: int) -> float:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            return 0.0
+        return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+
+    rss = sum(rss_mb(pid) for pid in _tree_pids())  # this process and any it started (servers)
     pss = _tree_pss_mb()
     assert 0 < pss <= rss * 1.01  # PSS never exceeds RSS: shared pages are not counted whole
 
@@ -304,7 +302,7 @@ def test_both_loaders_refuse_them_at_start_under_raise_and_skip(tmp_path: Path, 
             )
             args += [kind, policy, str(recipe)]
     done = subprocess.run(
-        [sys.executable, "-c", _LOAD_BOTH_POLICIES, *args], capture_output=True, text=True, timeout=300
+        [PYTHON, "-c", _LOAD_BOTH_POLICIES, *args], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     lines = done.stdout.splitlines()

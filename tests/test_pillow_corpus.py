@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import exif_block, jpeg_with_segments
+from helpers import PYTHON, exif_block, jpeg_with_segments
 
 pytestmark = [pytest.mark.dali, pytest.mark.e2e]
 PILLOW = "13.0.0"
@@ -98,7 +97,7 @@ def _run_chunk(paths: list[str], listing: Path) -> tuple[list[dict], list[tuple[
     while paths:
         listing.write_text("\n".join(paths) + "\n")
         done = subprocess.run(
-            [sys.executable, str(WORKER), str(listing)], capture_output=True, text=True, timeout=600
+            [PYTHON, str(WORKER), str(listing)], capture_output=True, text=True, timeout=600
         )
         seen, started = set(), None
         for line in done.stdout.splitlines():

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe, stop_after, torchrun_train, train_until_logged
+from helpers import PYTHON, small_recipe, stop_after, torchrun_train, train_until_logged
 
 from stallfree.cli import main
 from stallfree.data.tools.demo import write_demo
@@ -108,9 +108,7 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_python_dash_m_entry_point() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "stallfree", "--help"], capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([PYTHON, "-m", "stallfree", "--help"], capture_output=True, text=True, check=True)
     assert "train" in result.stdout and "data" in result.stdout
 
 
@@ -226,7 +224,7 @@ def test_user_errors_end_in_one_line_and_write_nothing(
     # through `python -m stallfree` to keep the process's own exit status and stderr checked.
     if case == "misspelt_loader":
         result = subprocess.run(
-            [sys.executable, "-m", "stallfree", *args], capture_output=True, text=True, timeout=120
+            [PYTHON, "-m", "stallfree", *args], capture_output=True, text=True, timeout=120
         )
         code, err = result.returncode, result.stderr
     else:

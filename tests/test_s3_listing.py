@@ -9,11 +9,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import PYTHON
 
 from stallfree.data.readers import remote
 from stallfree.data.readers.folders import resolve_dataset
@@ -169,9 +169,7 @@ def _rank(root: str, rank: int, cache: Path) -> subprocess.Popen[str]:
         "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": "2",
     }
-    return subprocess.Popen(
-        [sys.executable, "-c", COUNTING, root], env=env, stdout=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen([PYTHON, "-c", COUNTING, root], env=env, stdout=subprocess.PIPE, text=True)
 
 
 def test_one_rank_a_node_lists_the_others_read_its_entry(client: Any, root: str, tmp_path: Path) -> None:

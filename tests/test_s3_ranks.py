@@ -9,13 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe, torchrun_train
+from helpers import PYTHON, small_recipe, torchrun_train
 from s3_server import Server, need_weed, upload_tree
 
 from stallfree.cli import main
@@ -40,7 +39,7 @@ def _recipe(root: str | Path, backend: str = "torch", fmt: str = "folder", epoch
 def _launch(recipe: Recipe, run: Path, *extra: str, ranks: int = 2) -> subprocess.Popen[str]:
     path = run.parent / f"{run.name}.toml"
     path.write_text(dump_toml(recipe))
-    one = [sys.executable, "-m", "stallfree", "train", str(path), "--out", str(run), *extra, "--no-progress"]
+    one = [PYTHON, "-m", "stallfree", "train", str(path), "--out", str(run), *extra, "--no-progress"]
     return subprocess.Popen(
         torchrun_train(str(path), "--out", str(run), *extra) if ranks > 1 else one,
         stdout=subprocess.PIPE,

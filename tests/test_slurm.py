@@ -13,13 +13,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe, torchrun_train
+from helpers import PYTHON, small_recipe, torchrun_train
 
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import Checkpointer
@@ -128,7 +127,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         **os.environ,
         "RECIPE": str(path),
         "OUT": str(tmp_path / "slurm"),
-        "PYTHON": sys.executable,
+        "PYTHON": PYTHON,
         "STALLFREE_ARGS": "",
         "STALLFREE_SLOW_LOADER_UNTIL": str(tmp_path / "fast"),
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),

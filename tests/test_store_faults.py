@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 import torch
 from emulators import environment
-from helpers import small_recipe, train_until_logged
+from helpers import PYTHON, small_recipe, train_until_logged
 from s3_server import upload_tree
 
 from stallfree.cli import main
@@ -236,7 +236,6 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_r
     import os
     import signal
     import subprocess
-    import sys
 
     server.upload(image_root)
     client = server.server.client()
@@ -252,7 +251,7 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_r
     )
     env = {**os.environ, storage.OUTAGE_ENV: "3", storage.ATTEMPTS_ENV: "2"}  # 1.5 s a request
     proc = subprocess.Popen(
-        [sys.executable, "-c", reader, f"s3://faults/{key}"],
+        [PYTHON, "-c", reader, f"s3://faults/{key}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdin is not None
@@ -286,7 +285,6 @@ def test_a_frozen_store_is_said_within_seconds(server: Store, image_root: Path) 
     import os
     import signal
     import subprocess
-    import sys
 
     server.upload(image_root)
     client = server.server.client()
@@ -301,7 +299,7 @@ def test_a_frozen_store_is_said_within_seconds(server: Store, image_root: Path) 
     )
     env = {**os.environ, storage.OUTAGE_ENV: "60", storage.ATTEMPTS_ENV: "2"}  # 30 s a request
     proc = subprocess.Popen(
-        [sys.executable, "-c", reader, f"s3://faults/{key}"],
+        [PYTHON, "-c", reader, f"s3://faults/{key}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None

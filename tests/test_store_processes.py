@@ -6,10 +6,10 @@ reads (it hung before on its first read)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from typing import Any
 
 import pytest
+from helpers import PYTHON
 from latency_proxy import LatencyProxy
 
 from stallfree.data import storage
@@ -78,7 +78,7 @@ print(main, before, forked())
 
 def test_a_child_forked_after_its_parent_read_still_reads(bucket: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _FORKS, bucket, str(len(BODY))], capture_output=True, text=True, timeout=180
+        [PYTHON, "-c", _FORKS, bucket, str(len(BODY))], capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # The main thread through its helper, a worker forked then directly, and one forked after

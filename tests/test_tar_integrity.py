@@ -8,12 +8,11 @@ import io
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_loader, small_recipe
+from helpers import PYTHON, build_loader, small_recipe
 
 from stallfree.cli import main
 from stallfree.data.readers.folders import resolve_dataset
@@ -177,7 +176,7 @@ def test_pack_is_all_or_nothing(image_root: Path, tmp_path: Path, capsys: pytest
         f"p.pack_dataset({str(image_root)!r}, {str(out)!r}, shard_bytes=200000, "
         "progress=False)\n"
     )
-    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, check=False)
+    subprocess.run([PYTHON, "-c", code], capture_output=True, timeout=120, check=False)
     assert not out.exists() and not list(tmp_path.glob(".killed*"))
 
 
