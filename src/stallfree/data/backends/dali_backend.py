@@ -42,7 +42,7 @@ from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header, displayed_size
-from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, reads_in_flight, submit
+from stallfree.data.readers.inflight import HeldReads, ReaderPool, read_ahead, reads_in_flight, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
@@ -97,12 +97,12 @@ class DaliLoader(ShardedLoader):
         self._readers = ReaderPool(reads_in_flight(spec.loader.io_depth, spec.listing.prefix))
         # The next epoch's first reads, submitted as this one ends (its reset would else wait
         # a whole batch's latency, each epoch); used only if that epoch is the next one.
-        self._carried = Carried()
+        self._held_reads = HeldReads()
         # Time the training thread spent inside the source, and the batches it handed over.
         self.source_s, self.source_batches = 0.0, 0
         # The first batches' reads start now, while the pipeline is built and the model made.
         first = submit(self._plan(0, 0), self._read, self._readers.get(), max(1, spec.loader.prefetch) + 1)
-        self._carried.hold(self._run_key(0, 0), first)
+        self._held_reads.hold(self._run_key(0, 0), first)
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline; its source starts at `_feed_start`."""
@@ -139,10 +139,15 @@ class DaliLoader(ShardedLoader):
         self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
         side = self.spec.crop_size(self.epoch)
         ahead = max(1, self.spec.loader.prefetch)  # as many batches as DALI queues
-        then = (self._carried, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
-        carried = self._carried.take(self._run_key(self.epoch, self._feed_start))
+        next_run = (self._held_reads, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
+        carried = self._held_reads.take(self._run_key(self.epoch, self._feed_start))
         reads_ahead = read_ahead(
-            self._plan(self.epoch, self._feed_start), self._read, self._readers.get(), ahead, carried, then
+            self._plan(self.epoch, self._feed_start),
+            self._read,
+            self._readers.get(),
+            ahead,
+            carried,
+            next_run,
         )
         started = time.perf_counter()
         for items, reads in reads_ahead:
@@ -341,7 +346,7 @@ class DaliLoader(ShardedLoader):
     def close(self) -> None:
         super().close()
         self._close_iterator()
-        self._carried.cancel()
+        self._held_reads.cancel()
         self._readers.close()
         if self._routing:
             NATIVE_STDERR.release()

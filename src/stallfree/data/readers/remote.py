@@ -10,7 +10,7 @@ The start-up header check is cached per dataset state as for local folders; here
 a digest of every listed key's name, size and ETag (an object replaced under its own name
 changes its ETag), carried in the Dataset's `sources`.
 
-The listing is cached too (`listed`), per node, beside the check cache. When it is used:
+The listing is cached too (`list_root`), per node, beside the check cache. When it is used:
   * A new run lists every object (streamed through obstore; see benchmarks/RESULTS.md for
     the time at 1.28M keys), so it trains on the store as it is now: an object added,
     removed or replaced under a known class prefix is seen. S3 has no cheaper way to see
@@ -126,7 +126,7 @@ def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[s
 Listed = tuple[tuple[str, ...], dict[str, list[list[str]]], dict[str, str]]
 
 
-def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
+def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
     """The prefix's classes, object names and digests: for a resume (`reuse`), the node's cached
     listing while the class prefixes still hold; on a node's other ranks, local rank 0's listing
     of this launch; else listed, and cached (see the module's docstring for why)."""
