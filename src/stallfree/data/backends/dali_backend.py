@@ -1,21 +1,10 @@
 """The `dali` backend's loader: feeds and drives the DALI graph (`dali_graph`), yielding `Batch`.
 
-Each rank's samples are fed through an external source in the epoch's global order, cut by the
-shared `ShardPlan`, so class indices, sample order and `len()` are identical to the torch
-backend's; the bytes are read from the compact listing as they are needed (files and tar
-members alike), so no per-sample list lives in DALI. One pipeline serves the whole run: at the
-end of an epoch the source ends, and the next epoch's iteration resets the pipeline, whose source
-then starts over in the new epoch's order (a rebuild cost ~0.5 s of start-up a epoch). It is
-rebuilt only on resume, where the source restarts at the next unseen sample.
-
-The graph draws nothing: each training sample's crop, flip, policy and erasing are drawn from its
-own seed by `transforms.draws.draw_train`, the torch backend's function, on the reader thread
-that checks its header (which gives the size), and handed to DALI with its bytes. Both loaders
-thus augment every sample alike, and the loader's state is its position alone.
-
-Every file's header is checked before training (DALI cannot skip a sample, and nothing else
-would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
-decoded one by one to name the file.
+Each rank's samples go through an external source in the epoch's global order, cut by the shared
+`ShardPlan`, so class indices, sample order and `len()` match the torch backend's. The bytes are
+read from the compact listing as needed, and each training sample's draws are made from its own
+seed (`draws.draw_train`, the torch backend's function) on the reader thread that checks its
+header: both loaders augment every sample alike, and the loader's state is its position alone.
 """
 
 from __future__ import annotations
@@ -226,6 +215,9 @@ class DaliLoader(ShardedLoader):
         if self.position == 0:
             self.skipped_samples += self._left_out
         try:
+            # One pipeline serves the run: at an epoch's end its source ends and the next
+            # iteration resets it (a rebuild costs start-up); it is rebuilt only where the source
+            # must start elsewhere (a resume), and starts over at the next unseen sample.
             if self._iterator is None:
                 self._feed_start = self.position
                 self._iterator = self._build()
@@ -252,7 +244,8 @@ class DaliLoader(ShardedLoader):
         self._ended = True
 
     def _explain(self, exc: RuntimeError) -> StallfreeError:
-        """Name the file that stopped the pipeline: decode the batches in flight one by one."""
+        """Name the file that stopped the pipeline although every header was checked
+        (`_usable_ids`, `_screened`): decode the batches in flight one by one."""
         environment = environment_problem(str(exc))
         if environment is not None:
             return environment
