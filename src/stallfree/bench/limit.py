@@ -1,15 +1,9 @@
 """The bench's CPU limit: cores x the single-thread rate of the fastest decode + crop + resize.
 
-Every path the machine has is timed on the same spread sample of training files, in passes
-interleaved between the paths, so that drift hits them alike:
-
-- `pil`: PIL with draft() and PIL's resize (the classic path);
-- `fast`: the torch backend's transform (simplejpeg where installed, torch's uint8 resize);
-- `torchvision`: torchvision.io decode and transforms v2, where torchvision imports;
-- `dali`: DALI's CPU graph with one thread, in its own process, where DALI is installed.
-
-The limit is the fastest path's median rate times the cores, printed with its spread (the
-slowest and fastest pass), since one pass over a few dozen files moved it by 30%.
+Every path the machine has (`_paths`, and DALI's CPU graph) is timed on the same spread sample
+of training files, in passes interleaved between the paths, so that drift hits them alike. The
+limit is the fastest path's median rate times the cores, printed with its spread (the slowest
+and fastest pass), since a single pass moves it a lot (benchmarks/RESULTS.md, loader mode).
 """
 
 from __future__ import annotations
@@ -32,7 +26,10 @@ Transform = Callable[[str, int], Any]
 
 
 def _paths(recipe: Recipe) -> dict[str, Transform]:
-    """The in-process decode + crop + resize paths available here."""
+    """The in-process decode + crop + resize paths available here: `pil` (PIL with draft() and
+    PIL's resize, the classic path), `fast` (the torch backend's transform: simplejpeg where
+    installed, torch's uint8 resize) and `torchvision` (torchvision.io decode and transforms v2,
+    where torchvision imports). `dali_single_thread` adds DALI's, where DALI is installed."""
     import stallfree.data.transforms.decode as decode
     from stallfree.data.transforms.augment import train_transform
 

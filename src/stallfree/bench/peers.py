@@ -1,21 +1,10 @@
 """The loaders people would pick instead of stallfree, for `stallfree bench` to run beside ours.
 
-Each peer does the same work as the `torch` backend's train split (RandomResizedCrop with the
-recipe's scale and ratio to image_size, horizontal flip, normalise, batches of
-train.batch_size) with the same number of worker processes, the way its own documentation
-writes it: no stallfree code in the per-sample path. They are loader backends by
-`module:function` (named in `stallfree.bench.variants.PEERS`), so the bench measures them exactly
-as it measures ours.
-
-- `peer-pil`: a plain DataLoader over the files, PIL with `draft()`, ToTensor + Normalize in
-  the workers (what a careful PyTorch user writes; torchvision's transforms on PIL images do
-  the same work, and torchvision is not needed).
-- `peer-webdataset`: webdataset's own pipeline over tar shards of the same files (packed once
-  into the cache), PIL decode, `WebLoader`.
-- `peer-torchvision`: `torchvision.io.decode_jpeg` and transforms v2 on uint8 tensors, where
-  torchvision is installed (the NVIDIA container).
-
-A peer has no resume: `load_state_dict` refuses. Nothing but the bench should train on one.
+Each peer does the torch backend's train work (RandomResizedCrop with the recipe's scale and
+ratio, horizontal flip, normalise, batches of train.batch_size) with the same number of worker
+processes, the way its own documentation writes it: no stallfree code in the per-sample path.
+They are loader backends by `module:function` (`stallfree.bench.variants.PEERS`), so the bench
+measures them as it measures ours. A peer has no resume: nothing but the bench trains on one.
 """
 
 from __future__ import annotations
@@ -142,7 +131,9 @@ def _listing(spec: LoaderSpec) -> Listing:
 
 
 def pil_plain(spec: LoaderSpec) -> Loader:
-    """`peer-pil`: a plain DataLoader with PIL (see the module docstring)."""
+    """`peer-pil`: a plain DataLoader over the files, PIL with `draft()`, ToTensor + Normalize in
+    the workers (what a careful PyTorch user writes; torchvision's transforms on PIL images do
+    the same work, and torchvision is not needed)."""
     listing = _listing(spec)
 
     def make(seed: int) -> DataLoader:
@@ -159,7 +150,8 @@ def pil_plain(spec: LoaderSpec) -> Loader:
 
 
 def webdataset_peer(spec: LoaderSpec) -> Loader:
-    """`peer-webdataset`: webdataset 0.2/1.x over tar shards of the same files."""
+    """`peer-webdataset`: webdataset 0.2/1.x's own pipeline over tar shards of the same files
+    (packed once into the cache), PIL decode, `WebLoader`."""
     try:
         import webdataset as wds
     except ImportError as exc:
@@ -208,7 +200,8 @@ def _shards_of(listing: Listing) -> list[str]:
 
 
 def torchvision_peer(spec: LoaderSpec) -> Loader:
-    """`peer-torchvision`: torchvision.io decode and transforms v2 on uint8 tensors."""
+    """`peer-torchvision`: torchvision.io decode and transforms v2 on uint8 tensors, where
+    torchvision is installed (the NVIDIA container)."""
     try:
         import torchvision
         from torchvision.transforms import v2

@@ -1,18 +1,10 @@
 """`loader.torch.workers = "auto"` and `loader.dali.threads = "auto"`: measured, not guessed.
 
-At start, before the first step, the loader is built with each candidate count around this
-rank's share of the cores (share - 1, share, share + 1) and timed over a few hundred images
-of the training split; the fastest count is kept for every split of the run. All ranks of a
-node measure at once, so each count is timed under the contention it will train under.
-The figures go into the run directory (autotune.json) and the log.
-
-Candidates start after their first batch (worker or pipeline start-up is paid once per run,
-not per batch). Measuring costs a few seconds and happens once per run, in
-`RunContext.with_loader_counts`: every loader of the run is built with the recorded count.
-
-A training run writes the chosen count into its recipe (recipe.toml and every checkpoint),
-with "auto" beside it as the request (`workers_requested = "auto"`, `record`): what ran is on
-record, and a resume takes the count from its checkpoint (`chosen_before`), not measuring again.
+Once a run, before its first step (`RunContext.with_loader_counts`), the loader is built with
+each count around this rank's share of the cores and timed on the training split; the fastest
+is kept for every loader of the run. All ranks of a node measure at once, so each count is timed
+under the contention it will train under. The count is written into the run's recipe with "auto"
+beside it (`record`), and a resume takes it from its checkpoint (`chosen_before`).
 """
 
 from __future__ import annotations
@@ -78,13 +70,15 @@ def _with_count(spec: LoaderSpec, backend: ResolvedBackend, count: int) -> Loade
 
 
 def candidates(local_world_size: int) -> list[int]:
-    """Counts around this rank's share of the cores (never 0: the main process trains)."""
+    """Counts around this rank's share of the cores: share - 1, share, share + 1 (never 0: the
+    main process trains)."""
     share = cpu_workers(-1, local_world_size)
     return sorted({max(1, share - 1), share, share + 1})
 
 
 def _rate(loader: Loader, batch_size: int, batches: int) -> float:
-    """Images/s after the first batch (start-up), over `batches` more."""
+    """Images/s after the first batch, over `batches` more: worker or pipeline start-up is paid
+    once a run, not per batch."""
     iterator = iter(loader)
     next(iterator)
     started = time.perf_counter()
@@ -94,6 +88,7 @@ def _rate(loader: Loader, batch_size: int, batches: int) -> float:
 
 
 def _measure(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any]]:
+    """The fastest candidate count, and the figures that go to the log and autotune.json."""
     key = tuned_key(backend)
     rates: dict[int, float] = {}
     started = time.perf_counter()

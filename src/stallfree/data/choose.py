@@ -1,17 +1,10 @@
 """`--loader auto`: the fallback chain, decided once per run and said in its start line.
 
-1. On a GPU, `dali` with nvJPEG when a one-image `mixed` decode really runs on the GPU
-   (the probe `stallfree doctor` runs: DALI falls back to the CPU with only a warning).
-2. On a GPU whose nvJPEG path fails, `dali` decoding on the CPU and augmenting on the GPU,
-   when this rank has at least `_DALI_CPU_MIN_CORES` cores: DALI's CPU decode needs threads
-   to keep a GPU busy, and with fewer the torch backend's workers do as well (a judgement,
-   not a measurement: no GPU has been lent to measure where the two cross).
-3. On a CPU run, `CPU_CHOICE` (torch; the measurements behind it are beside it).
-4. Otherwise `torch`, which needs nothing beyond torch and Pillow.
-
-Both backends follow the same sample order and the same augmentation recipe, so the choice
-changes speed, not what is trained on (the pixels of a random crop differ, their distribution
-does not; the val pixels agree to within 2 grey levels).
+On a GPU, `dali` with nvJPEG when a one-image `mixed` decode really runs there; else `dali`
+decoding on the CPU where this rank has the cores for it; on a CPU run, `CPU_CHOICE`; otherwise
+`torch`, which needs nothing beyond torch and Pillow. Both backends follow the same sample order
+and augmentation recipe, so the choice changes speed, not what is trained on (a random crop's
+pixels differ, their distribution does not; val pixels agree within 2 grey levels, test_dali).
 """
 
 from __future__ import annotations
@@ -29,6 +22,9 @@ from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_workers
 from stallfree.recipe import LoaderConfig
 
+# A GPU whose nvJPEG path fails gets DALI decoding on the CPU only with this many cores: its
+# CPU decode needs threads to keep a GPU busy, and with fewer the torch backend's workers do as
+# well (a judgement, not a measurement: no GPU has been lent to measure where the two cross).
 _DALI_CPU_MIN_CORES = 4
 # The CPU run's loader. Measured in `stallfree bench` (benchmarks/RESULTS.md, 2-core EPYC,
 # loader mode): dali 492 and torch 457 img/s, within that VM's +-10% run-to-run spread; torch
@@ -52,7 +48,8 @@ def _dali_problem() -> str | None:
 
 @lru_cache(maxsize=4)
 def _gpu_decode_problem(device_index: int) -> str | None:
-    """Why nvJPEG decode does not run on this GPU, or None when a one-image probe did."""
+    """Why nvJPEG decode does not run on this GPU, or None when a one-image probe did (the probe
+    `stallfree doctor` runs: DALI falls back to the CPU with only a warning)."""
     from stallfree.data.backends.dali_probe import probe_gpu_decode
 
     with torch.cuda.device(device_index):

@@ -1,29 +1,10 @@
 """The checkpoint format number, and `upgrade`: the one place an older file is brought up to it.
 
-Every checkpoint stallfree writes (ckpt-<step>.pt and best.pt) carries `"format": FORMAT`, and
-`load_checkpoint` passes every file through `upgrade`, so the code that reads a checkpoint
-(resume, trainer, loaders, eval, export) finds every key of the current format and never
-guesses a file's age from which keys exist.
-
-To add a key to checkpoints: write it in the part that owns it (its state_dict), bump FORMAT,
-and add a `_to_<N>` step below that gives files of format N-1 the key's default (the value
-that means what a file without it meant). Nothing else needs to know about older files.
-
-Formats:
-  0  stallfree 0.1 (unstamped): loader positions counted in batches. Its weights still load
-     (eval, export, init_from); a resume is refused (see `resumable`).
-  1  stallfree 0.2-0.3 (unstamped): positions in samples; keys added along the way without a
-     stamp: counters.best_val_top1 (0.3), totals and segments, num_classes,
-     class_names.
-  2  stamped with "format"; every key above present.
-  3  "data": train's sample count and a digest of its files and labels (a mid-epoch resume
-     on other data is refused); {} in older files: nothing to compare.
-  4  each rank's "interval": the open log interval's sums, counts and seconds (a resume
-     between two records goes on with it); empty in older files: the interval restarts.
-     A loader's state is its positions: every sample's augmentation comes from its own seed,
-     so the random state a backend once kept in it (key "dali") is dropped.
-  5  the epoch is kept once, in each rank's loader state: the top-level copy is dropped
-     (a best.pt keeps its "epoch": the epoch its weights are from).
+Every checkpoint (ckpt-<step>.pt, best.pt) carries `"format": FORMAT` and `load_checkpoint`
+passes every file through `upgrade`, so the code that reads one finds every key of the current
+format and never guesses a file's age from which keys exist. To add a key: write it in the part
+that owns it (its state_dict), bump FORMAT, and add a `_to_<N>` step that gives files of format
+N-1 the key's default (the value that means what a file without it meant).
 """
 
 from __future__ import annotations
@@ -35,6 +16,7 @@ from typing import Any
 from stallfree.errors import StallfreeError
 from stallfree.version import __version__
 
+# Each `_to_<N>` below says what format N brought; formats 0 and 1 are unstamped (`format_of`).
 FORMAT = 5
 
 
@@ -43,7 +25,9 @@ class CheckpointFormatError(StallfreeError, ValueError):
 
 
 def format_of(state: dict[str, Any]) -> int:
-    """The file's format: its stamp, or for unstamped files (formats 0 and 1) the only guess."""
+    """The file's format: its stamp, or for unstamped files the only guess. Format 0 is
+    stallfree 0.1's (loader positions in batches: its weights still load for eval, export and
+    init_from, a resume is refused, `resumable`); format 1 is 0.2-0.3's (positions in samples)."""
     if "format" in state:
         return int(state["format"])
     loaders = [rank["loader"] for rank in state.get("ranks", [])]
@@ -75,12 +59,15 @@ def upgrade(state: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 
 def _to_1(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 (0.2-0.3, unstamped): loader positions in samples."""
     # Batch positions cannot become sample positions (0.1's order differs): the loader state
     # is left as it is, and `resumable` says no.
     return state
 
 
 def _to_2(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 2: stamped with "format"; every key 0.2-0.3 added without a stamp is present
+    (counters.best_val_top1 from 0.3, totals and segments, num_classes, class_names)."""
     state.setdefault("num_classes", 0)  # 0: export reads the class count from the weights
     state.setdefault("class_names", [])  # none recorded: export and predict name labels by number
     if "counters" not in state:  # a best.pt: weights, epoch and recipe only
@@ -98,12 +85,17 @@ def _to_2(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_3(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 3: "data", train's sample count and a digest of its files and labels (a mid-epoch
+    resume on other data is refused); {} in older files: nothing to compare."""
     if "counters" in state:  # a best.pt has no resume point to check
         state.setdefault("data", {})  # not recorded: a resume compares nothing
     return state
 
 
 def _to_4(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 4: each rank's "interval", the open log interval's sums, counts and seconds (a
+    resume between two records goes on with it). A loader's state is its positions alone: every
+    sample's augmentation comes from its own seed, so a backend's random state ("dali") goes."""
     empty = {"loss_sum": 0.0, "grad_norm_sum": 0.0, "samples": 0, "steps": 0, "wall_s": 0.0, "wait_s": 0.0}
     for rank in state.get("ranks", []):
         rank.setdefault("interval", dict(empty))  # not kept: the next record starts afresh
@@ -112,6 +104,8 @@ def _to_4(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_5(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 5: the epoch is kept once, in each rank's loader state; the top-level copy goes
+    (a best.pt keeps its "epoch": the epoch its weights are from)."""
     if "counters" in state:  # a resumable file: its loader states hold the epoch
         state.pop("epoch", None)
     return state

@@ -1,21 +1,10 @@
 """The `dali` backend's loader: feeds and drives the DALI graph (`dali_graph`), yielding `Batch`.
 
-Each rank's samples are fed through an external source in the epoch's global order, cut by the
-shared `ShardPlan`, so class indices, sample order and `len()` are identical to the torch
-backend's; the bytes are read from the compact listing as they are needed (files and tar
-members alike), so no per-sample list lives in DALI. One pipeline serves the whole run: at the
-end of an epoch the source ends, and the next epoch's iteration resets the pipeline, whose source
-then starts over in the new epoch's order (a rebuild cost ~0.5 s of start-up a epoch). It is
-rebuilt only on resume, where the source restarts at the next unseen sample.
-
-The graph draws nothing: each training sample's crop, flip, policy and erasing are drawn from its
-own seed by `transforms.draws.draw_train`, the torch backend's function, on the reader thread
-that checks its header (which gives the size), and handed to DALI with its bytes. Both loaders
-thus augment every sample alike, and the loader's state is its position alone.
-
-Every file's header is checked before training (DALI cannot skip a sample, and nothing else
-would stop a decompression bomb); when the pipeline fails anyway, the batches in flight are
-decoded one by one to name the file.
+Each rank's samples go through an external source in the epoch's global order, cut by the shared
+`ShardPlan`, so class indices, sample order and `len()` match the torch backend's. The bytes are
+read from the compact listing as needed, and each training sample's draws are made from its own
+seed (`draws.draw_train`, the torch backend's function) on the reader thread that checks its
+header: both loaders augment every sample alike, and the loader's state is its position alone.
 """
 
 from __future__ import annotations
@@ -42,7 +31,7 @@ from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header, displayed_size
-from stallfree.data.readers.inflight import Carried, ReaderPool, read_ahead, reads_in_flight, submit
+from stallfree.data.readers.inflight import HeldReads, ReaderPool, read_ahead, reads_in_flight, submit
 from stallfree.data.readers.startup_check import cached_bad_files
 from stallfree.data.registry import BackendError
 from stallfree.data.sharding import sample_seeds
@@ -97,12 +86,12 @@ class DaliLoader(ShardedLoader):
         self._readers = ReaderPool(reads_in_flight(spec.loader.io_depth, spec.listing.prefix))
         # The next epoch's first reads, submitted as this one ends (its reset would else wait
         # a whole batch's latency, each epoch); used only if that epoch is the next one.
-        self._carried = Carried()
+        self._held_reads = HeldReads()
         # Time the training thread spent inside the source, and the batches it handed over.
         self.source_s, self.source_batches = 0.0, 0
         # The first batches' reads start now, while the pipeline is built and the model made.
         first = submit(self._plan(0, 0), self._read, self._readers.get(), max(1, spec.loader.prefetch) + 1)
-        self._carried.hold(self._run_key(0, 0), first)
+        self._held_reads.hold(self._run_key(0, 0), first)
 
     def _build(self) -> DALIGenericIterator:
         """The run's pipeline; its source starts at `_feed_start`."""
@@ -139,10 +128,15 @@ class DaliLoader(ShardedLoader):
         self._fed.clear()  # a fresh source: what the last one fed is gone with its pipeline
         side = self.spec.crop_size(self.epoch)
         ahead = max(1, self.spec.loader.prefetch)  # as many batches as DALI queues
-        then = (self._carried, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
-        carried = self._carried.take(self._run_key(self.epoch, self._feed_start))
+        next_run = (self._held_reads, self._run_key(self.epoch + 1, 0), self._plan(self.epoch + 1, 0))
+        carried = self._held_reads.take(self._run_key(self.epoch, self._feed_start))
         reads_ahead = read_ahead(
-            self._plan(self.epoch, self._feed_start), self._read, self._readers.get(), ahead, carried, then
+            self._plan(self.epoch, self._feed_start),
+            self._read,
+            self._readers.get(),
+            ahead,
+            carried,
+            next_run,
         )
         started = time.perf_counter()
         for items, reads in reads_ahead:
@@ -221,6 +215,9 @@ class DaliLoader(ShardedLoader):
         if self.position == 0:
             self.skipped_samples += self._left_out
         try:
+            # One pipeline serves the run: at an epoch's end its source ends and the next
+            # iteration resets it (a rebuild costs start-up); it is rebuilt only where the source
+            # must start elsewhere (a resume), and starts over at the next unseen sample.
             if self._iterator is None:
                 self._feed_start = self.position
                 self._iterator = self._build()
@@ -247,7 +244,8 @@ class DaliLoader(ShardedLoader):
         self._ended = True
 
     def _explain(self, exc: RuntimeError) -> StallfreeError:
-        """Name the file that stopped the pipeline: decode the batches in flight one by one."""
+        """Name the file that stopped the pipeline although every header was checked
+        (`_usable_ids`, `_screened`): decode the batches in flight one by one."""
         environment = environment_problem(str(exc))
         if environment is not None:
             return environment
@@ -341,7 +339,7 @@ class DaliLoader(ShardedLoader):
     def close(self) -> None:
         super().close()
         self._close_iterator()
-        self._carried.cancel()
+        self._held_reads.cancel()
         self._readers.close()
         if self._routing:
             NATIVE_STDERR.release()

@@ -3,10 +3,8 @@
 Decode (ROI-fused with the crop in training), resize, flip, the auto-augment operations, random
 erasing and normalisation, each matching the torch backend's transforms
 (`stallfree.data.transforms`). The graph draws nothing: every random choice of a training sample
-comes with its bytes through the external source (`draw_columns`, from
-`transforms.draws.draw_train`), so both loaders crop, flip and augment each sample alike. The
-loader that feeds and drives it is `dali_backend`. Importing this module raises `BackendError`
-with the install command where DALI is missing.
+comes with its bytes through the external source (`draw_columns`, from `draws.draw_train`), so
+both loaders augment each sample alike. The loader that feeds and drives it is `dali_backend`.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from stallfree.data.transforms.draws import Draws
 from stallfree.data.transforms.policies import FILL, MAX_TRANSLATE, SUITES
 from stallfree.recipe import AugmentConfig
 
+# Without DALI, importing this module raises BackendError with the install command.
 try:
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.auto_aug import rand_augment, trivial_augment

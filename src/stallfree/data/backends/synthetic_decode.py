@@ -1,13 +1,10 @@
 """`--loader synthetic-decode`: the real decode pipeline on a few real files held in memory.
 
-The split's epoch keeps its length and sample order, but every sample is one of up to
-`_FILES` of the split's files (a spread sample), copied into RAM (/dev/shm) at start. The
-pipeline (`loader.synthetic_decode`: torch, dali, or auto as `--loader auto` picks) decodes and
-augments them at every step as it would the real ones. So:
-
-- synthetic-decode as fast as the real loader: the data path is decode-bound (CPU);
-- synthetic-decode much faster: storage (or the page cache) is the stall;
-- synthetic as fast as the bare model: the trainer itself does not stall.
+The split's epoch keeps its length and sample order, but every sample is one of up to `_FILES`
+of the split's files (a spread sample), copied into RAM (/dev/shm) at start, which the pipeline
+(`loader.synthetic_decode`: torch, dali, or auto) decodes and augments as it would the real ones.
+As fast as the real loader: the data path is decode-bound (CPU); much faster: storage (or the
+page cache) is the stall. `synthetic` as fast as the bare model: the trainer does not stall.
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ class ImageDataset(Dataset):
         # time by this worker's reader threads; any other reads its own, one at a time.
         takes_bytes = "data" in inspect.signature(transform).parameters
         self.readers = ReaderPool(io_depth) if takes_bytes and io_depth > 1 else None
-        # This worker's next batch's reads, started behind the current batch's (its paths come
-        # with the keys: `Keys.then`), so that no batch starts with a store's whole latency.
+        # This worker's next batch's reads, started behind the current batch's (its sample ids
+        # come with the keys: `Keys.next_batch_ids`), so that no batch starts with a store's
+        # whole latency.
         self._ahead: dict[str, Future[bytes]] = {}
 
     def __len__(self) -> int:
@@ -81,7 +82,7 @@ class ImageDataset(Dataset):
         reads = [ahead.pop(path) if path in ahead else pool.submit(read_bytes, path) for path in paths]
         for read in ahead.values():  # read for a batch that went elsewhere (an epoch's end)
             read.cancel()
-        for index in getattr(keys, "then", ()):
+        for index in getattr(keys, "next_batch_ids", ()):
             path = self.listing.path(index)
             self._ahead[path] = pool.submit(read_bytes, path)
         try:
@@ -117,10 +118,10 @@ def _read(read: Future[bytes]) -> bytes | None:
 
 
 class Keys(list):
-    """A batch's keys, and `then`: the sample ids of the batch that the same worker gets next
-    (the DataLoader deals batches to its workers in turn), whose reads it starts early."""
+    """A batch's keys, and `next_batch_ids`: the sample ids of the batch that the same worker
+    gets next (the DataLoader deals batches to its workers in turn), whose reads it starts early."""
 
-    then: list[int]
+    next_batch_ids: list[int]
 
 
 class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
@@ -145,7 +146,7 @@ class _LoaderSampler(Sampler[list[tuple[int, int, int]]]):
             ids = window.popleft()
             keys = Keys((i, seed, size) for i, seed in zip(ids.tolist(), sample_seeds(base, ids).tolist()))
             following = next(batches, None)
-            keys.then = [] if following is None else following.tolist()
+            keys.next_batch_ids = [] if following is None else following.tolist()
             if following is not None:
                 window.append(following)
             yield keys

@@ -100,7 +100,7 @@ def _remote_dataset(root: str, file_list: str, reuse: bool) -> Dataset:
 
     if file_list:
         return _from_file_list(root, remote.list_classes(file_list), file_list)
-    classes, names, digests = remote.listed(root, reuse=reuse)
+    classes, names, digests = remote.list_root(root, reuse=reuse)
     splits = {}
     for split in SPLITS:  # a loop, not a comprehension: _split_of's stacklevel counts frames
         splits[split] = _split_of(f"{root}/{split}", split, classes, names[split])

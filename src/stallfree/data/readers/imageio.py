@@ -1,19 +1,10 @@
 """Which files are images, and how they open: the one rule for the torch and dali backends.
 
 Both backends must accept the same files and produce the same pixels. NVIDIA DALI's CPU decoder
-(nvImageCodec) is the reference; the formats and pixel modes accepted here are the ones measured
-to decode to the same RGB in DALI and in PIL (see tests/test_decode.py). Everything else is
-refused up front, from the header alone, with a `BadImageError` that names the file and the
-reason, rather than crashing a DALI pipeline mid-epoch or training on wrong pixels.
-
-Pixel rules (DALI's, which the PIL path reproduces):
-  * 16-bit samples become 8-bit as round(v / 257) (exact for 16-bit grey; PIL's own 16-bit RGB
-    reduction truncates instead, at most 1 grey level off).
-  * Alpha and tRNS transparency are ignored: the stored colour values are returned, with no
-    compositing onto a background.
-  * EXIF orientation is applied.
-
-Which formats, pixel modes and variants DALI decodes alike, rule by rule: `readers/compat.py`.
+(nvImageCodec) is the reference: only the formats and pixel modes that decode to the same RGB in
+DALI and in PIL are accepted (tests/test_decode.py; rule by rule: `readers/compat.py`). Anything
+else is refused from the header alone with a `BadImageError` naming the file and the reason,
+rather than crashing a DALI pipeline mid-epoch or training on wrong pixels.
 """
 
 from __future__ import annotations
@@ -189,7 +180,10 @@ def open_lazy(
 
 
 def decode_rgb(img: Image.Image, orientation: int, path: str) -> Image.Image:
-    """Decode an `open_lazy` image to 8-bit RGB with DALI's rules (see the module docstring).
+    """Decode an `open_lazy` image to 8-bit RGB with DALI's rules, which the PIL path reproduces:
+    16-bit samples become 8-bit as round(v / 257) (exact for 16-bit grey; PIL's own 16-bit RGB
+    reduction truncates instead, at most 1 grey level off); alpha and tRNS transparency are
+    ignored (the stored colours, no compositing onto a background); EXIF orientation is applied.
 
     Any decode failure (truncated or corrupt data) is raised as BadImageError naming `path`.
     """

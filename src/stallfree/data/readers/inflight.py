@@ -73,7 +73,7 @@ class ReaderPool:
 Window = deque[tuple[Sequence[T], list[Future[R]]]]
 
 
-class Carried:
+class HeldReads:
     """Reads submitted past the end of one run of batches for the run expected next (the next
     epoch's first batches): held under that run's key, handed over when a run with that key
     starts, cancelled when another one does."""
@@ -104,7 +104,7 @@ class Carried:
 def submit(
     batches: Iterable[Sequence[T]], work: Callable[[T], R], pool: ThreadPoolExecutor, count: int
 ) -> Window[T, R]:
-    """The first `count` of `batches` with the futures of their reads (to `Carried.hold`)."""
+    """The first `count` of `batches` with the futures of their reads (to `HeldReads.hold`)."""
     return deque(
         (items, [pool.submit(work, item) for item in items]) for items in itertools.islice(batches, count)
     )
@@ -116,21 +116,21 @@ def read_ahead(
     pool: ThreadPoolExecutor,
     ahead: int,
     carried: Window[T, R] | None = None,
-    then: tuple[Carried, Hashable, Iterable[Sequence[T]]] | None = None,
+    next_run: tuple[HeldReads, Hashable, Iterable[Sequence[T]]] | None = None,
 ) -> Iterator[tuple[Sequence[T], list[Future[R]]]]:
     """Each batch with the futures of `work(item)` for its items, in order. Before a batch is
     handed out, the next `ahead` batches are submitted, so that their reads run while the
     consumer works; what is still queued when the consumer stops is cancelled.
 
-    `carried`: the reads of the first batches of `batches`, submitted earlier (`Carried.take`).
-    `then` = (carry, key, the batches expected next): as this run's last batches are handed
-    out, the window fills from those, and once this run has ended they are held in `carry`
+    `carried`: the reads of the first batches of `batches`, submitted earlier (`HeldReads.take`).
+    `next_run` = (held, key, the batches expected next): as this run's last batches are handed
+    out, the window fills from those, and once this run has ended they are held in `held`
     under `key`, so that the next run's first reads are in flight before it starts.
     """
     window: Window[T, R] = carried if carried is not None else deque()
     source = itertools.islice(iter(batches), len(window), None)  # the carried ones are in
     following: Window[T, R] = deque()
-    after = iter(then[2]) if then is not None else iter(())
+    after = iter(next_run[2]) if next_run is not None else iter(())
     ended = False
     try:
         while True:
@@ -144,8 +144,8 @@ def read_ahead(
             yield window.popleft()
     finally:
         _cancel(window)
-        if then is not None and ended:
-            then[0].hold(then[1], following)
+        if next_run is not None and ended:
+            next_run[0].hold(next_run[1], following)
         else:
             _cancel(following)
 

@@ -1,33 +1,10 @@
 """ImageFolder-shaped prefixes in an object store: `s3://bucket/prefix/{train,val}/CLASS/...`.
 
-Listed here, made into a Dataset by `folders.resolve_dataset`: the one a local copy of the
-same objects gives, sample for sample in the same order (torchvision's ImageFolder walk, see
-`folders.class_files`), so a run from the store and one from the copy see the same batches.
-Each class prefix is listed in full (paginated), the class prefixes in parallel (see
-`storage.list_many`). No object is read.
-
-The start-up header check is cached per dataset state as for local folders; here the state is
-a digest of every listed key's name, size and ETag (an object replaced under its own name
-changes its ETag), carried in the Dataset's `sources`.
-
-The listing is cached too (`listed`), per node, beside the check cache. When it is used:
-  * A new run lists every object (streamed through obstore; see benchmarks/RESULTS.md for
-    the time at 1.28M keys), so it trains on the store as it is now: an object added,
-    removed or replaced under a known class prefix is seen. S3 has no cheaper way to see
-    that: a prefix has no modification time, and no count.
-  * A resume (`--resume`, a requeue) reuses the cached listing. Checkpoint positions count
-    samples of the listing the run started with; a listing of a store that changed since would
-    silently give them other samples. Only the class prefixes are listed again (one delimiter
-    listing a split, a few requests however many objects): a class prefix added or removed
-    (a different label map) means the store moved under the run, and everything is listed.
-    A key removed since stops the run when its batch comes, with one line naming it (delete
-    the entry, `cache_path`, to have the resume list again); one added waits for a new run.
-  * With several processes a node (torchrun, srun), local rank 0 lists and writes the entry;
-    the node's other ranks wait for that entry of this launch (their parent process, the
-    launcher's agent, is the launch's token) and read it, so a node lists once, not 8 times.
-    Without a writable cache every rank lists. Nodes list apart, as they would walk local
-    copies: a store changed between two nodes' listings would give them different datasets.
-A `data.file_list` lists nothing: the list names the classes and the objects.
+Listed here (every class prefix in full, in parallel; no object is read) and made into a Dataset
+by `folders.resolve_dataset`: the one a local copy of the same objects gives, sample for sample
+in the same order (`folders.class_files`), so a run from the store and one from the copy see the
+same batches. The listing is cached per node (`list_root`), so that a resume counts its
+positions in the listing it started with. A `data.file_list` lists nothing.
 """
 
 from __future__ import annotations
@@ -116,7 +93,8 @@ def list_classes(file_list: str) -> tuple[str, ...]:
 
 def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[str]], str]:
     """Each class prefix's object names (relative to it) in ImageFolder's order, and one digest
-    of every key, size and ETag under them (the start-up check cache's key)."""
+    of every key, size and ETag under them: the start-up check cache's key, carried in the
+    Dataset's `sources` (an object replaced under its own name changes its ETag)."""
     listed = storage.list_many([storage.join(split_url, name) for name in classes])
     names = [imagefolder_order([key for key, _ in objects]) for objects, _ in listed]
     return names, storage.digest_of([digest for _, digest in listed])
@@ -126,10 +104,20 @@ def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[s
 Listed = tuple[tuple[str, ...], dict[str, list[list[str]]], dict[str, str]]
 
 
-def listed(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
-    """The prefix's classes, object names and digests: for a resume (`reuse`), the node's cached
-    listing while the class prefixes still hold; on a node's other ranks, local rank 0's listing
-    of this launch; else listed, and cached (see the module's docstring for why)."""
+def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
+    """List the prefix's classes, object names and digests, and cache them for the node.
+
+    A new run lists every object, so it trains on the store as it is now (an object added,
+    removed or replaced under a known class prefix is seen: S3 has no cheaper way, a prefix has
+    no modification time and no count). A resume (`reuse`) takes the node's cached listing while
+    the class prefixes still hold: its checkpoint positions count samples of that listing, and
+    another would silently give them other samples. A class prefix added or removed means the
+    store moved under the run, and everything is listed; a key removed since stops the run when
+    its batch comes, naming it (remove `cache_path` to list again); one added waits for a new
+    run. With several ranks a node, local rank 0 lists and writes the entry, and the others wait
+    for that entry of this launch (`_launch_token`), so a node lists once; without a writable
+    cache every rank lists. Nodes list apart, as they would walk local copies.
+    """
     dist = dist or DistInfo.from_env()
     prefixes = class_prefixes(root)  # the cheap revalidation: a few requests, not one per 1,000 keys
     classes = remote_classes(root, prefixes)

@@ -1,19 +1,10 @@
 """Start-up checks of a split, done once per dataset state and cached.
 
 A run checks every header before its first step (a bad file must stop it then, not mid-epoch,
-under either backend). At ImageNet scale that is minutes on a few cores, and a requeued job
-would pay it at every start. So the result is cached, keyed by what would change it: the
-listing itself (names and labels), the modification times of the folders or shards it was read
-from, the pixel limit and this version's rules. A `data check` clean list of this version and
-limit needs no check at all, for the root it was written for. Paths in the key are resolved,
-so a relative root or a copy of the tree is another dataset. An entry that is not as written
-(edited, another version's) is ignored with a warning and the check runs again.
-
-A file rewritten in place under the same name leaves its folder's time alone; stat()ing every
-file would cost a start minutes on a network file system, the very cost the cache saves. Such a
-file is met when its batch comes: both loaders check each file's header as they read it (the
-dali source before handing the bytes over), and raise or skip it by data.on_error.
-`stallfree data check` is the full check.
+under either backend), which at ImageNet scale a requeued job would pay for at every start. So
+the result is cached, keyed by what would change it (`_state_key`): the listing (names and
+labels), the modification times of the folders or shards it was read from, the pixel limit and
+this version's rules. `stallfree data check` is the full check.
 """
 
 from __future__ import annotations
@@ -62,6 +53,9 @@ def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels
     # Resolved paths: a relative data.root names another dataset in another folder, and a
     # copy of the tree keeps the times that the key reads (cp -a, rsync -a, copytree).
     # An object-store URL is itself (its sources carry a digest of the listed keys and ETags).
+    # A file rewritten in place leaves its folder's time alone, but stat()ing every file would
+    # cost a start on a network file system what the cache saves: such a file is met when its
+    # batch comes (both loaders check each header as they read it, and raise or skip it).
     where = _named(listing.prefix)
     return stat_key(
         [_named(s) for s in sources],
@@ -167,7 +161,8 @@ def bad_headers_at_start(
     """The split's files whose header is bad (all ranks', so every rank decides alike).
 
     Each rank checks its share; the result is cached per dataset state, so the next start
-    (a requeue, the next run) skips the check.
+    (a requeue, the next run) skips the check. A `data check` clean list of this version and
+    pixel limit (`checked_by`) needs no check at all, for the root it was written for.
     """
     if checked_by == (rules_id(), max_pixels):
         return []  # a data check clean list: every file was fully decoded under these rules

@@ -1,24 +1,10 @@
-"""Reading tar shards in place: every sample is a reference into a tar file.
+"""Our tar shards (`stallfree data pack`), read in place: every sample is a reference into a tar.
 
-A sample's path is "SHARD.tar::MEMBER:OFFSET:SIZE" (offset and size from the shard's index),
-which `imageio` reads with one `pread`: members are never extracted, names are only read, and
-nothing in a shard is unpickled. Random access keeps everything the folder format has: the
-same full (seed, epoch) permutation, positions in samples, exact resume and exact validation.
-
-Two kinds of shards:
-  * ours (`stallfree data pack`: manifest.json, shards and wds2idx indexes). Every start checks
-    what is cheap (each shard's size and sample count against the manifest, each index entry
-    inside its tar, block-aligned, in order); once per dataset state (cached) every member's
-    tar header is read back and every `.cls` member compared with the manifest's label, so a
-    wrong label cannot be trained on silently. `data check` adds SHA-256 and a full decode.
-  * other people's WebDataset shards (no manifest): ROOT/train/*.tar and ROOT/val/*.tar (or
-    ROOT/train-*.tar and ROOT/val-*.tar). Each shard's index is built once (what wds2idx does)
-    and cached with its labels, which come from each sample's `.cls` member (an integer).
-
-In an object store a sample is one ranged GET of its member, never a whole shard into a cache:
-the seeded global permutation visits a random shard per sample, so a cache that does not hold
-the whole dataset fetches a whole shard for about one sample (benchmarks/s3_shard_reads.py:
-a quarter of the shards cached was no faster and fetched ~10x the bytes).
+A sample's path is "SHARD.tar::MEMBER:OFFSET:SIZE" (from the shard's index), read with one
+`pread` or, in a store, one ranged GET: members are never extracted, names are only read, and
+nothing in a shard is unpickled. Random access keeps everything the folder format has: the same
+(seed, epoch) permutation, positions in samples, exact resume and exact validation. Other
+people's WebDataset shards (no manifest) are read by `webdataset.py` into the same references.
 """
 
 from __future__ import annotations
@@ -283,7 +269,16 @@ def index_text(shard: Path) -> str:
 
 
 def resolve_shards(root_text: str) -> Dataset:
-    """Our shards at ROOT (with manifest.json; a folder or an s3:// prefix) as a Dataset."""
+    """Our shards at ROOT (with manifest.json; a folder or an s3:// prefix) as a Dataset.
+
+    Every start checks what is cheap (each shard's size and sample count against the manifest,
+    each index entry inside its tar, block-aligned, in order); once per dataset state (cached)
+    every member's tar header is read back and every `.cls` compared with the manifest's label,
+    so a wrong label cannot be trained on silently (`data check` adds SHA-256 and a full decode).
+    A sample in a store is one ranged GET of its member, never a whole shard into a cache: the
+    seeded permutation visits a random shard per sample, so a cache that does not hold the whole
+    dataset fetches a whole shard for about one sample (benchmarks/RESULTS.md, s3_shard_reads).
+    """
     root = str(Path(root_text)) if storage.open(root_text).is_local else root_text.rstrip("/")
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])

@@ -1,16 +1,10 @@
 """Other people's WebDataset shards: no manifest, labels from each sample's `.cls` member.
 
-Layout: ROOT/train/*.tar and ROOT/val/*.tar, or ROOT/train*.tar and ROOT/val*.tar. Members are
-grouped into samples by webdataset's own rule (`_KEY_FIELD`), so a shard gives the samples
-webdataset gives: `cat/k0001.jpg` is key `cat/k0001`, and an image webdataset does not read as
-an image field (`x.y.0001.jpg` is sample `x`, field `y.0001.jpg`) is named, never dropped.
-Each shard's samples are read from the tar once and cached with their labels (an integer in
-each `.cls`), keyed by the shard's size and time; from then on the shards have the folder
-format's exact order, resume and validation. Classes are 0..max label, named by their number.
-
-Shards must be plain tars. Samples are read in place by offset (random access: the seeded
-permutation, exact resume, DALI's source); a compressed stream can only be read from its start,
-so a compressed shard is refused by name, with the command that decompresses it.
+Layout: ROOT/train/*.tar and ROOT/val/*.tar, or ROOT/train*.tar and ROOT/val*.tar. Each shard's
+samples are read from the tar once, as webdataset groups them, and cached with their labels
+(`shard_samples`); from then on the shards have the folder format's exact order, resume and
+validation. Shards must be plain tars: samples are read in place by offset, and a compressed
+stream can only be read from its start, so a compressed shard is refused with its command.
 """
 
 from __future__ import annotations
@@ -30,8 +24,10 @@ from stallfree.data.readers.tarshards import Entry, RangedFile, ShardError
 from stallfree.errors import some_of
 
 # webdataset.tariterators (1.0), copied so the grouping is exactly its own: a member's key is
-# its name up to the first dot of the last path component, the rest is its field (lower-cased);
-# names matching _META are webdataset's metadata, which it skips.
+# its name up to the first dot of the last path component, the rest is its field (lower-cased):
+# `cat/k0001.jpg` is key `cat/k0001`, and `x.y.0001.jpg` is sample `x`, field `y.0001.jpg` (an
+# image webdataset does not read as one is named, never dropped: `_entries`). Names matching
+# _META are webdataset's metadata, which it skips.
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
 _CACHE_FORMAT = "webdataset-keys-2"  # a cache of the older grouping (first dot anywhere) is stale
@@ -283,7 +279,8 @@ def _tail(root: Shard, shard: Shard) -> str:
 
 def resolve_foreign(root_text: str | Path) -> Dataset:
     """WebDataset shards under ROOT (a folder or an s3:// prefix) as a Dataset (classes 0..max
-    label of train): from a store, the samples, labels and order of a local copy."""
+    label of train, named by their number): from a store, the samples, labels and order of a
+    local copy."""
     in_store = not storage.open(str(root_text)).is_local
     root: Shard = str(root_text).rstrip("/") if in_store else Path(root_text)
     listed = _listing(str(root)) if isinstance(root, str) else None

@@ -1,25 +1,10 @@
 """An obstore store for one bucket of S3, Google Cloud Storage or Azure Blob Storage, configured
 by each cloud's standard variables alone (no recipe key); the one module that knows them.
 
-- `s3://bucket`: the endpoint from `endpoint_url` (data.endpoint_url), `AWS_ENDPOINT_URL_S3`
-  or `AWS_ENDPOINT_URL`; credentials from boto3's chain where boto3 is installed (it makes no
-  request: its chain reads ~/.aws profiles, SSO caches, credential_process and assumed roles,
-  which obstore's own does not), else from obstore's own reading of the AWS_* variables.
-- `gs://bucket`: `GOOGLE_APPLICATION_CREDENTIALS` or `GOOGLE_SERVICE_ACCOUNT`
-  (a service-account JSON), gcloud's application-default login, or the metadata server on
-  Google Cloud. `STORAGE_EMULATOR_HOST` (read as Google's own clients read it) points every
-  request at an emulator, unsigned.
-- `az://container`: `AZURE_STORAGE_CONNECTION_STRING` (its AccountName,
-  AccountKey or SharedAccessSignature, BlobEndpoint; `UseDevelopmentStorage=true` is Azurite),
-  or `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or obstore's other Azure
-  credentials: a SAS token, Entra ID).
-
-One spelling a store: `gcs://`, `azure://` and `abfs://` are refused, so that cache keys and
-listings never split in two (`abfs://` also names Data Lake file systems by
-`fs@account.dfs.core.windows.net`, an account this form leaves to the variables).
-
-Credentials go to obstore and nowhere else: no error, log line or file holds one (an error
-names the variable, never its value).
+Each `_open_<cloud>` says which variables it reads. One spelling a store (`s3://`, `gs://`,
+`az://`): other tools' `gcs://`, `azure://` and `abfs://` are refused, so that cache keys and
+listings never split in two. Credentials go to obstore and nowhere else: no error, log line or
+file holds one (an error names the variable, never its value).
 """
 
 from __future__ import annotations
@@ -43,7 +28,8 @@ if TYPE_CHECKING:
 
     CloudStore: TypeAlias = S3Store | GCSStore | AzureStore
 
-# Other tools' spellings of them, refused with the one to write.
+# Other tools' spellings of them, refused with the one to write (`abfs://` also names Data Lake
+# file systems by `fs@account.dfs.core.windows.net`, an account `az://` leaves to the variables).
 _SPELLINGS = {"gcs": "gs://bucket/prefix", "azure": "az://container/prefix", "abfs": "az://container/prefix"}
 # The variables each cloud is configured by, for an error's hint.
 _VARIABLES = {"s3": "AWS_*", "gs": "GOOGLE_* and STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_*"}
@@ -121,6 +107,10 @@ def _http(options: dict[str, Any], endpoint: str) -> dict[str, Any]:
 def _open_s3(
     url: str, bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
 ) -> CloudStore:
+    """`s3://bucket`: the endpoint from `endpoint_url` (data.endpoint_url), `AWS_ENDPOINT_URL_S3`
+    or `AWS_ENDPOINT_URL`; credentials from boto3's chain where boto3 is installed (it makes no
+    request, and reads ~/.aws profiles, SSO caches, credential_process and assumed roles, which
+    obstore's own chain does not), else from obstore's own reading of the AWS_* variables."""
     from obstore.store import S3Store
 
     endpoint = _checked_endpoint(endpoint or settings.s3_endpoint())
@@ -218,6 +208,10 @@ def _service_account_base_url() -> str:
 def _open_gcs(
     url: str, bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
 ) -> CloudStore:
+    """`gs://bucket`: `GOOGLE_APPLICATION_CREDENTIALS` or `GOOGLE_SERVICE_ACCOUNT` (a
+    service-account JSON), gcloud's application-default login, or the metadata server on Google
+    Cloud; `STORAGE_EMULATOR_HOST` (read as Google's own clients read it) points every request
+    at an emulator, unsigned."""
     from obstore.store import GCSStore
 
     config: dict[str, Any] = {}
@@ -286,6 +280,10 @@ def azure_config(env: Mapping[str, str]) -> dict[str, Any]:
 def _open_azure(
     url: str, container: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
 ) -> CloudStore:
+    """`az://container`: `AZURE_STORAGE_CONNECTION_STRING` (AccountName, AccountKey or
+    SharedAccessSignature, BlobEndpoint; `UseDevelopmentStorage=true` is Azurite), or
+    `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY` (or obstore's other Azure
+    credentials: a SAS token, Entra ID)."""
     from obstore.store import AzureStore
 
     config = azure_config(os.environ)

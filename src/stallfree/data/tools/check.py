@@ -2,14 +2,9 @@
 
 A file the checker passes is one both loaders decode (the same `imageio` rules, full decode, not
 just the header), so its clean list (`--write-list`) is safe for `data.file_list` under either.
-
-On tar shards it does the full job a start cannot afford. For shards of `stallfree data pack`:
-every shard's SHA-256 against the manifest, the structure and every `.cls` against the
-manifest's labels (what a start checks once), and every member decoded. For other WebDataset
-shards: the labels read from `.cls` and every member decoded.
-
-ROOT may be an s3:// prefix (folders or shards): the objects are listed as training lists them
-and read where they are (shards by ranged GETs), and each bad one is named by its URL.
+On tar shards it does the full job a start cannot afford (`check_shards`). ROOT may be an s3://
+prefix (folders or shards): the objects are listed as training lists them and read where they
+are (shards by ranged GETs), and each bad one is named by its URL.
 """
 
 from __future__ import annotations
@@ -263,7 +258,13 @@ def _checksum_problems(root: Where) -> list[tuple[Where, str]]:
 
 
 def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
-    """Check the shards at ROOT whole; every problem names the shard (and member)."""
+    """Check the shards at ROOT whole; every problem names the shard (and member).
+
+    For shards of `stallfree data pack`: every shard's SHA-256 against the manifest, the
+    structure and every `.cls` against the manifest's labels (what a start checks once), and
+    every member decoded. For other WebDataset shards: the labels read from `.cls` and every
+    member decoded.
+    """
     from stallfree.data.readers.folders import resolve_dataset  # ours or other people's shards
 
     report = CheckReport(root=root, max_pixels=max_pixels)

@@ -1,14 +1,10 @@
 """`stallfree data pack`: a dataset folder as WebDataset tar shards, with indexes and a manifest.
 
-Members are `KEY.<ext>` (the image's bytes, copied as they are) and `KEY.cls` (the label as text),
-grouped by sample. Each shard gets the index file DALI's `readers.webdataset` reads (the
-`wds2idx` format v1.2: one line per sample of `ext offset size name` per member, offsets of the
-member data). `manifest.json` holds the class names, the shards of each split with their sample
-counts, sizes and SHA-256, and the format version.
-
-ROOT may be an s3:// prefix: its objects are listed and read as training reads them (the same
-samples in the same order), so the shards are byte for byte those of packing a local copy.
-OUT is a local folder (staged, then renamed: all or nothing); upload it whole afterwards.
+Members are `KEY.<ext>` (the image's bytes, copied as they are) and `KEY.cls` (the label as
+text), grouped by sample; each shard gets the index DALI's `readers.webdataset` reads, and
+`manifest.json` holds what a start checks the shards against. ROOT may be an s3:// prefix, read
+as training reads it, so the shards are byte for byte those of packing a local copy. OUT is a
+local folder (staged, then renamed: all or nothing); upload it whole afterwards.
 """
 
 from __future__ import annotations
@@ -62,7 +58,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_index(shard: Path) -> int:
-    """Write `shard`'s .idx next to it (wds2idx v1.2); return its sample count."""
+    """Write `shard`'s .idx next to it (the `wds2idx` format v1.2: one line per sample of
+    `ext offset size name` per member, offsets of the member data); return its sample count."""
     text = index_text(shard)
     shard.with_suffix(".idx").write_text(text)
     return int(text.split(None, 2)[1])
@@ -140,7 +137,8 @@ def pack_dataset(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Pack ROOT/{train,val} (a folder or an s3:// prefix) into the local folder OUT. Train is
-    shuffled (seeded) so every shard mixes classes.
+    shuffled (seeded) so every shard mixes classes. The manifest holds the class names, the
+    shards of each split with their sample counts, sizes and SHA-256, and the format version.
 
     Everything is written into a temporary folder beside OUT and renamed into place at the
     end, so an interrupted pack leaves no shards of one run under a manifest of another.

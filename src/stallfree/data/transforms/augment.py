@@ -1,18 +1,10 @@
-"""The augmentation spec, implemented for the torch backend (decode and resize: `data/transforms/decode.py`).
+"""The augmentation spec, implemented for the torch backend (decode and resize: `decode.py`).
 
 Train: RandomResizedCrop(scale, ratio) to `side`, horizontal flip, optional RandAugment or
-TrivialAugmentWide (`data/transforms/policies.py`), optional random erasing (filled with the mean colour),
-(normalise on device).
-Val: resize the shorter side to resize_size, center crop `side`, (normalise on device).
-The caller passes `side`, this epoch's (`LoaderSpec.crop_size(epoch)`): augment.image_size is
-the schedule, which a transform never reads.
-Both use bilinear filtering with antialiasing (PIL's default when downscaling), which is what
-the DALI backend's `interp_type=INTERP_LINEAR, antialias=True` matches. The val path's sub-pixel
-conventions (long side rounded, crop offset rounded half up) follow DALI's, so that the two
-backends agree to a fraction of a grey level rather than differ by a one-pixel shift.
-
-Which files are accepted and how they become RGB (16-bit and alpha handling, EXIF orientation,
-the max_pixels guard) live in `stallfree.data.readers.imageio`, shared with the DALI backend's checks.
+TrivialAugmentWide (`policies.py`), optional random erasing (filled with the mean colour).
+Val: resize the shorter side to resize_size, center crop `side`. Both normalise on the device
+and filter bilinearly with antialiasing, as the DALI backend's `INTERP_LINEAR, antialias=True`.
+`side` is this epoch's (`LoaderSpec.crop_size(epoch)`); a transform never reads the schedule.
 """
 
 from __future__ import annotations
@@ -79,7 +71,9 @@ def val_transform(
 ) -> np.ndarray:
     """Decode, resize the shorter side to resize_size, center crop side x side: uint8 HWC array.
 
-    Raises BadImageError like `train_transform`; `data` as there.
+    The sub-pixel conventions (long side rounded, crop offset rounded half up) follow DALI's, so
+    that the two backends agree to a fraction of a grey level rather than differ by a one-pixel
+    shift. Raises BadImageError like `train_transform` (rules: `readers/imageio.py`); `data` as there.
     """
     opened = open_image(path, max_pixels, data)
     new_w, new_h = resized_shape(opened.width, opened.height, aug.resize_size)

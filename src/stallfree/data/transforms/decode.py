@@ -1,15 +1,10 @@
 """Decode and resize for the torch backend: the fastest well-kept path the machine has.
 
-Decode: libjpeg-turbo through `simplejpeg` (the `fast` extra) for plain JPEGs; PIL for every
-other file, and whenever simplejpeg is missing or refuses a file. Both are libjpeg-turbo with the
-same IDCT and fancy upsampling, so the pixels are the same (checked bit for bit in the tests);
-simplejpeg skips PIL's per-image object overhead (~15% of a decode at photo sizes).
-
-Resize: torch's uint8 antialiased bilinear kernel (a port of Pillow-SIMD's), 2x PIL's resize
-on one core, on a channels-last view of the decoded array with no copy.
-
-Which files are accepted and how they become RGB (16-bit, alpha, EXIF orientation, the pixel
-limit) stays in `stallfree.data.readers.imageio`; this module only decides how the pixels are produced.
+Decode: libjpeg-turbo through `simplejpeg` (the `fast` extra) for plain JPEGs, which skips PIL's
+per-image object; PIL for every other file, and whenever simplejpeg is missing or refuses one.
+Both are libjpeg-turbo with the same IDCT and fancy upsampling, so the pixels are the same
+(checked bit for bit in the tests). Resize: torch's uint8 antialiased bilinear kernel. Which
+files are accepted and how they become RGB stays in `readers/imageio.py`.
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 
 Both loaders call `draw_train` with the image's displayed size (after EXIF orientation) and the
 sample's seed (`sharding.sample_seeds`): the torch workers apply the draws to the pixels they
-decode (`augment.train_transform`), the DALI loader hands them to its graph with the bytes
-(`backends/dali_backend.py`). The two loaders therefore crop, flip, augment and erase every
-sample alike, and neither keeps a random state between samples: a resume, a requeue or another
-world size needs no state but positions.
-
-One stream, in this order: the RandomResizedCrop box, the flip, the auto-augment operations
-(`policies.draw_ops`), then the erasing coin and box.
+decode (`augment.train_transform`), the DALI loader hands them to its graph with the bytes. The
+two loaders therefore augment every sample alike, and neither keeps a random state between
+samples: a resume, a requeue or another world size needs no state but positions.
 """
 
 from __future__ import annotations
@@ -36,7 +32,9 @@ class Draws:
 
 
 def draw_train(width: int, height: int, aug: AugmentConfig, side: int, seed: int) -> Draws:
-    """Every random choice of one training sample of `width` x `height` cropped to `side`."""
+    """Every random choice of one training sample of `width` x `height` cropped to `side`, from
+    one stream in this order: the RandomResizedCrop box, the flip, the auto-augment operations
+    (`policies.draw_ops`), then the erasing coin and box."""
     rng = random.Random(seed)
     box = random_resized_crop_box(width, height, aug.scale, aug.ratio, rng)
     flip = rng.random() < aug.hflip

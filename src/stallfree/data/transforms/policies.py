@@ -1,14 +1,10 @@
 """RandAugment and TrivialAugmentWide for the torch backend, op for op DALI's suites.
 
-The DALI backend runs the operations of `nvidia.dali.auto_aug`'s suites in its graph;
-this module is the same suites for the torch backend's workers: the same operations, magnitude
-ranges, bins, random signs and fill, applied to the uint8 crop after the flip and before
-normalising and random erasing (torchvision's and timm's order). Both loaders apply the
-operations `draw_ops` drew from the sample's seed (`draws.draw_train`); at a given operation and
-magnitude they agree to about a grey level (tests/test_autoaug.py).
-
-Translations are relative to the crop's side (DALI's `shape=` form), scaled so that a 224 px
-crop gets DALI's absolute defaults: up to 100 px for RandAugment, 32 px for TrivialAugmentWide.
+The DALI backend runs `nvidia.dali.auto_aug`'s suites in its graph; this module is the same
+suites for the torch backend's workers: the same operations, magnitude ranges, bins, random
+signs and fill, applied to the uint8 crop after the flip and before normalising and random
+erasing (torchvision's and timm's order). Both loaders apply the operations `draw_ops` drew from
+the sample's seed (`draws.draw_train`): they agree to about a grey level (tests/test_autoaug.py).
 """
 
 from __future__ import annotations
@@ -58,8 +54,8 @@ def _suite(
     )
 
 
-# The largest translation, a share of the crop's side (DALI's max_translate_rel): DALI's
-# absolute defaults at 224 px.
+# The largest translation, a share of the crop's side (DALI's max_translate_rel, its `shape=`
+# form), scaled so that a 224 px crop gets DALI's absolute defaults: 100 px and 32 px.
 MAX_TRANSLATE = {"randaugment": 100 / 224, "trivialaugment": 32 / 224}
 # get_rand_augment_suite and get_trivial_augment_wide_suite of nvidia.dali.auto_aug.
 SUITES: dict[str, tuple[Op, ...]] = {
