@@ -9,13 +9,12 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import small_recipe
+from helpers import PYTHON, small_recipe
 from s3_server import upload_tree
 
 from stallfree.data.readers.folders import resolve_dataset
@@ -51,7 +50,7 @@ def _node(
     # 60 images, 8 a rank: 3 steps.
     recipe.write_text(dump_toml(small_recipe(root, train={"batch_size": 8, "epochs": 1})))
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
         "--node_rank", str(node_rank), "--master_addr", addr, "--master_port", str(port),
         *entry, "train", str(recipe), "--out", str(tmp_path / "run"), "--no-progress",
     ]  # fmt: skip

@@ -43,11 +43,11 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
         augment={"image_size": 32, "resize_size": 36, "scale": [0.35, 1.0]},
         optim={"lr": 0.005, "weight_decay": 0.05, "warmup_steps": 10, "label_smoothing": 0.1},
         # auto: bf16 where the CPU has it natively; emulated bf16 is 7.6x slower than fp32
-        train={"epochs": 14, "batch_size": 32, "precision": "auto", "log_every": 5},
+        train={"epochs": 10, "batch_size": 32, "precision": "auto", "log_every": 5},
         loader={"torch": {"workers": 2}},
     )
     summary = train(recipe, tmp_path / "run", progress=False)
-    # 10 classes: chance is 0.10; this run measured 0.37.
+    # 10 classes: chance is 0.10; this run measured 0.33 (0.37 at 14 epochs, 0.23 at 7).
     assert summary["val_top1"] >= 0.25, summary
     run = tmp_path / "run"
     expected = recipe.copy()  # recipe.toml holds what `auto` resolved to on this CPU
@@ -57,7 +57,7 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
     val_records = [r for r in records if "val_top1" in r]
-    assert len(val_records) == 14 and all(r["val_loss"] > 0 for r in val_records)
+    assert len(val_records) == 10 and all(r["val_loss"] > 0 for r in val_records)
     assert train_records[-1]["loss"] < train_records[0]["loss"]
     for key in ("step", "epoch", "loss", "lr", "images_per_s", "data_wait_frac"):
         assert key in train_records[0]

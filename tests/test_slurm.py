@@ -13,12 +13,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PYTHON, small_recipe, torchrun_train
+from helpers import small_recipe, torchrun_train
 
 from stallfree.recipe import dump_toml
 from stallfree.train.checkpoint import Checkpointer
@@ -127,7 +128,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         **os.environ,
         "RECIPE": str(path),
         "OUT": str(tmp_path / "slurm"),
-        "PYTHON": PYTHON,
+        "PYTHON": sys.executable,  # Slurm's own tasks: real processes in its cgroup
         "STALLFREE_ARGS": "",
         "STALLFREE_SLOW_LOADER_UNTIL": str(tmp_path / "fast"),
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
@@ -172,7 +173,10 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     signalled = len(re.findall(r"stop requested at optimizer step \d+ \(SIGUSR1\)", text))
     requeued = text.count(f"requeued Slurm job {job}")
     assert signalled >= 1, text[-4000:]  # the time limit's SIGUSR1 reached the ranks...
-    assert requeued == signalled == int(state["Restarts"]), text[-4000:]  # ...once per signal
+    assert requeued == signalled, text[-4000:]  # ...and each signal requeued the job once
+    # Slurm may launch a requeued job again on its own when it revokes a launch's credential
+    # (a start in the requeue's second): a restart that never reached stallfree, counted here.
+    assert int(state["Restarts"]) >= requeued, text[-4000:]
     assert text.count("resumed from") == requeued  # each requeued run continued the last one
     assert (tmp_path / "slurm" / "summary.json").is_file()
     assert not (tmp_path / "slurm" / "preempted.json").exists()

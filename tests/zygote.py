@@ -36,7 +36,7 @@ PRELOAD = (
     "numpy",
     "torch",
     "torch._dynamo",  # what torch.optim's first optimizer imports: ~2 s of the 5
-    "torch.distributed.run",
+    "torch.distributed.launcher.api",  # torchrun's, less torch.distributed.run: run as __main__
     "torch.utils.data",
     "PIL.Image",
     "tqdm",
@@ -72,6 +72,19 @@ def _entries(env: dict[str, str]) -> list[str]:
     return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
+def _shadows_a_loaded_module(env: dict[str, str]) -> bool:
+    """Whether a path in `env`'s PYTHONPATH that this server lacks holds a module or package
+    of a name imported here (a stub that hides nvidia.dali or optree from a test's run)."""
+    for entry in set(_entries(env)) - set(_entries(_SERVER_ENV)):
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        if any(name.split(".")[0] in sys.modules for name in names):
+            return True
+    return False
+
+
 def _python_path(env: dict[str, str], base: list[str], first: str) -> list[str]:
     return [first, *_entries(env), *base]
 
@@ -88,8 +101,11 @@ def _run(argv: list[str], base: list[str]) -> None:
             options.append(flag[2:] or args.pop(0))
     # An option this server does not mimic, or a path that may shadow a module imported here
     # (a test's stub that hides one): the real interpreter.
-    shadowing = set(_entries(os.environ)) - set(_entries(_SERVER_ENV))
-    if shadowing or not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")):
+    if (
+        _shadows_a_loaded_module(os.environ)
+        or not args
+        or (args[0].startswith("-") and args[0] not in ("-m", "-c"))
+    ):
         os.execv(sys.executable, [sys.executable, *argv])
     if unbuffered:
         for stream in (sys.stdout, sys.stderr):
@@ -147,6 +163,7 @@ def serve(path: str) -> None:
     os.rename(path + ".tmp", path)  # a client never finds a socket that does not accept yet
     parent, clients = os.getppid(), {}  # client connection -> its child's pid
     waiting: dict[int, socket.socket] = {}
+    started: dict[int, str] = {}
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     while os.getppid() == parent and not stopping:
@@ -158,12 +175,13 @@ def serve(path: str) -> None:
                 pid = _start_child(request, fds, [listener, conn, *clients], base)
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 clients[conn], waiting[pid] = pid, conn
+                started[pid] = request["env"].get("PYTEST_CURRENT_TEST", "")
             elif not sock.recv(1):  # the client is gone: so is its child, as a group kill would
                 pid = clients.pop(sock)
                 if waiting.pop(pid, None) is not None:
                     _kill_group(pid)
                 sock.close()
-        _reap(waiting, clients)
+        _reap(waiting, clients, started)
     for pid in waiting:
         _kill_group(pid)
 
@@ -175,14 +193,19 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _reap(waiting: dict[int, socket.socket], clients: dict[socket.socket, int]) -> None:
+def _reap(
+    waiting: dict[int, socket.socket], clients: dict[socket.socket, int], started: dict[int, str]
+) -> None:
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if not pid:
             return
+        # Which test paid how much CPU in its processes (pytest names it in their environment).
+        test, _, _ = started.pop(pid, "").partition(" (")
+        print(f"{usage.ru_utime + usage.ru_stime:8.2f} CPU-s  {test}", flush=True)
         conn = waiting.pop(pid, None)
         if conn is not None:
             try:
@@ -202,7 +225,8 @@ def start(folder: Path) -> subprocess.Popen:
     """Start a server (its socket and log in `folder`) and point this process's children at it:
     `fastpython` finds it, and torchrun starts its ranks through it (PYTHON_EXEC)."""
     path = str(folder / "zygote.sock")
-    with open(folder / "zygote.log", "ab") as log:
+    logs = Path(os.environ.get("STALLFREE_TEST_ZYGOTE_LOGS", folder))  # kept after the session
+    with open(logs / f"zygote-{os.getpid()}.log", "ab") as log:
         server = subprocess.Popen(
             [sys.executable, __file__, path],
             stdin=subprocess.DEVNULL,
