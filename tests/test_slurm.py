@@ -113,10 +113,11 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
 ) -> None:
     _slurm_or_skip()
     # Sleep-bound steps (tests/slow_loader.py, here 0.4 s a batch, little CPU) until the signal
-    # has been honoured: ~45 s would outlast the time limit's signal (USR1@55 with --time=1
-    # lands 5-35 s after the start: slurmctld checks every 30 s). Once the job is requeued, the
-    # file `fast` lets the rest of the run go at full speed; the reference never sleeps. Long
-    # sleeps over few epochs keep that full-speed rest (and the reference) short.
+    # has been honoured. The signal is the one the script's `--signal=USR1@...` asks for, sent
+    # by Slurm to the job's steps (`scancel --signal=USR1`) once the ranks run: the time limit's
+    # own lands 5-35 s after the start (slurmctld checks every 30 s), idle time for the suite.
+    # Once the job is requeued, the file `fast` lets the rest of the run go at full speed; the
+    # reference never sleeps. Long sleeps over few epochs keep that rest (and the reference) short.
     recipe = small_recipe(
         image_root,
         loader={"backend": "slow_loader:build"},
@@ -134,7 +135,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
     log = tmp_path / "slurm.log"
-    job = _submit(SMALL, env, "--job-name=stallfree-test", "--time=1", "--signal=USR1@55", f"--output={log}")
+    job = _submit(SMALL, env, "--job-name=stallfree-test", "--time=5", f"--output={log}")
     # The uninterrupted reference, beside it: the same two ranks under torchrun (one thread
     # each, like one srun task with one CPU).
     reference = subprocess.Popen(
@@ -143,16 +144,16 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         stderr=open(tmp_path / "reference.log", "w"),  # noqa: SIM115 - the child holds it
         env={**env, "STALLFREE_SLOW_LOADER_UNTIL": str(REPO)},  # exists: no sleeps
     )
-    # slurmctld checks time limits every 30 s, so every requeued run of a 1-minute job would be
-    # signalled again ~15 s in. Once the first signal has been honoured, the job gets a 5-minute
-    # limit: the rest of the run finishes without another signal, and the test stays short.
     deadline = time.time() + 300
+    while time.time() < deadline and " loader, small_cnn, " not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)  # both ranks set up: their handlers are in place, their steps under way
+    time.sleep(1)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
     while time.time() < deadline and "requeued Slurm job" not in (log.read_text() if log.exists() else ""):
         if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.2)
     (tmp_path / "fast").touch()
-    subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=5"], check=False, capture_output=True)
     # A requeued job waits for BeginTime = now + cred_expire + 1 (11 s here, see .ci/slurm-up);
     # that delay is Slurm's, not stallfree's, so the test moves it to 2 s once the job pends.
     # Not to now: a restart in the requeue's second is killed ("Job credential revoked").
@@ -172,7 +173,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     assert state["JobState"] == "COMPLETED", text[-4000:]
     signalled = len(re.findall(r"stop requested at optimizer step \d+ \(SIGUSR1\)", text))
     requeued = text.count(f"requeued Slurm job {job}")
-    assert signalled >= 1, text[-4000:]  # the time limit's SIGUSR1 reached the ranks...
+    assert signalled >= 1, text[-4000:]  # Slurm's SIGUSR1 reached the ranks...
     assert requeued == signalled, text[-4000:]  # ...and each signal requeued the job once
     # Slurm may launch a requeued job again on its own when it revokes a launch's credential
     # (a start in the requeue's second): a restart that never reached stallfree, counted here.

@@ -46,12 +46,31 @@ PRELOAD = (
 )
 
 
+_THREADS = {"default": 1}  # torch's intra-op thread count where OMP_NUM_THREADS is not set
+
+
 def _preload() -> None:
+    # torch reads OMP_NUM_THREADS once, at import: import it without, to learn its own default.
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - an extra not installed: a child imports what it needs
             pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _THREADS["default"] = torch.get_num_threads()
+    if saved is not None:
+        os.environ["OMP_NUM_THREADS"] = saved
+
+
+def _set_threads() -> None:
+    """The thread count a fresh interpreter's torch would take from this child's environment
+    (torchrun sets OMP_NUM_THREADS=1 per rank): summation order, hence the bits, depends on it."""
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None:
+        torch.set_num_threads(int(wanted) if wanted.isdigit() and int(wanted) > 0 else _THREADS["default"])
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -149,6 +168,7 @@ def _start_child(request: dict, fds: list[int], closing: list[socket.socket], ba
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _set_threads()
     _run(request["argv"], base)
     raise SystemExit(0)  # up through serve() to the interpreter's own exit
 
