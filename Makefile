@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml Makefile  # a new extra here reaches an existing .venv
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@# mypy's cache of torch's own types (~30 s, once a checkout), for `make lint` and the suite
+	-$(PY) -m mypy >/dev/null 2>&1
 	touch $(STAMP)
 
 # Both end by saying how to put `stallfree` on PATH: the README's commands assume it.
