@@ -1,8 +1,8 @@
 """A fork server for the tests' end-to-end runs: Python processes that start with torch,
 torch._dynamo, numpy, PIL and DALI already imported.
 
-Each `python -m stallfree ...` the suite starts paid ~5 CPU-seconds of imports before its first
-step (torchrun ~3 more), most of the suite's time on 2 cores. This server imports those modules
+Each `python -m stallfree ...` the suite starts paid seconds of imports before its first step
+(torchrun more), most of the suite's time on 2 cores. This server imports those modules
 once and forks a child per request; `tests/fastpython` (zygote_client.py) is the `python` the
 tests start instead. stallfree itself is not imported here: each child imports it afresh, so its
 module state and at-fork handlers are a new process's.
@@ -35,7 +35,7 @@ from pathlib import Path
 PRELOAD = (
     "numpy",
     "torch",
-    "torch._dynamo",  # what torch.optim's first optimizer imports: ~2 s of the 5
+    "torch._dynamo",  # what torch.optim's first optimizer imports
     "torch.distributed.launcher.api",  # torchrun's, less torch.distributed.run: run as __main__
     "torch.utils.data",
     "PIL.Image",
