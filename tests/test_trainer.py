@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PYTHON, Collect, TensorLoader
+from helpers import Collect, TensorLoader
 from torch import nn
 
 from stallfree.train.microbatch import MicroBatcher
@@ -311,16 +309,11 @@ def _stop_rank(rank: int, init_file: str, results: str) -> None:
 
 @pytest.mark.e2e
 def test_a_stop_on_one_rank_is_agreed_within_two_steps_under_ddp(tmp_path: Path) -> None:
-    tests = str(Path(__file__).resolve().parent)
-    code = "import sys; from test_trainer import _stop_rank; _stop_rank(int(sys.argv[1]), *sys.argv[2:])"
-    ranks = [
-        subprocess.Popen(
-            [PYTHON, "-c", code, str(rank), str(tmp_path / "init"), str(tmp_path)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])},
-        )
-        for rank in (0, 1)
-    ]
-    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _stop_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     # Flagged after step 3: its vote, started then, is read after step 4 on both ranks.
     assert [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)] == [4, 4]
 
