@@ -6,7 +6,11 @@ loopback, each keeping its objects on disk across a restart. A frozen store is S
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -228,30 +232,30 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     assert _train_records(run)[-1]["store_retries"] == 0
 
 
-def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_root: Path) -> None:
-    """A frozen store (SIGSTOP: connections accepted, never answered) must end a loader's read
-    within the outage budget, as a store that refuses connections does. It waited 30 s in
-    obstore, then botocore's 5 attempts of 30 s each, twice: a new user's run sat silent for
-    minutes with STALLFREE_S3_OUTAGE_S=10."""
-    import os
-    import signal
-    import subprocess
+# As a loader's reader thread reads: once while the store answers (the connection is up), then,
+# told to on stdin, again.
+_READER = (
+    "import sys\n"
+    "from stallfree.data import storage\n"
+    "storage.enable_direct()\n"
+    "storage.read(sys.argv[1])\n"
+    "print('frozen', flush=True); sys.stdin.readline()\n"
+    "storage.read(sys.argv[1])\n"
+)
 
+
+@contextlib.contextmanager
+def _reading_a_frozen_store(server: Store, image_root: Path, outage_s: int) -> Iterator[tuple[Any, str]]:
+    """A reader process (budget `outage_s`, 2 attempts) whose second read of an object starts
+    once the server is frozen (SIGSTOP: connections accepted, never answered): (it, the URL).
+    On the way out the reader is killed if it still runs, and the server thawed."""
     server.upload(image_root)
     client = server.server.client()
     key = client.list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
-    # As a loader's reader thread reads.
-    reader = (
-        "import sys\n"
-        "from stallfree.data import storage\n"
-        "storage.enable_direct()\n"
-        "storage.read(sys.argv[1])  # the connection is up: the store answers once\n"
-        "print('frozen', flush=True); sys.stdin.readline()\n"
-        "storage.read(sys.argv[1])\n"
-    )
-    env = {**os.environ, storage.OUTAGE_ENV: "3", storage.ATTEMPTS_ENV: "2"}  # 1.5 s a request
+    url = f"s3://faults/{key}"
+    env = {**os.environ, storage.OUTAGE_ENV: str(outage_s), storage.ATTEMPTS_ENV: "2"}
     proc = subprocess.Popen(
-        [PYTHON, "-c", reader, f"s3://faults/{key}"],
+        [PYTHON, "-c", _READER, url],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdin is not None
@@ -261,19 +265,28 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_r
     try:
         proc.stdin.write("\n")
         proc.stdin.flush()
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.killpg(server.proc.pid, signal.SIGCONT)
+
+
+def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_root: Path) -> None:
+    """A frozen store (SIGSTOP: connections accepted, never answered) must end a loader's read
+    within the outage budget, as a store that refuses connections does. It waited 30 s in
+    obstore, then botocore's 5 attempts of 30 s each, twice: a new user's run sat silent for
+    minutes with STALLFREE_S3_OUTAGE_S=10."""
+    with _reading_a_frozen_store(server, image_root, outage_s=3) as (proc, url):  # 1.5 s a request
         started = time.monotonic()
         try:
             _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
             raise AssertionError("a read from a frozen store still waiting after 60 s") from None
         waited = time.monotonic() - started
-    finally:
-        os.killpg(server.proc.pid, signal.SIGCONT)
     assert proc.returncode != 0
-    assert "StoreUnavailableError" in err and f"s3://faults/{key}" in err and "(still after 3 s)" in err, err[
-        -2000:
-    ]
+    assert "StoreUnavailableError" in err and url in err and "(still after 3 s)" in err, err[-2000:]
     assert "not answering" in err, err[-2000:]  # said once when it starts, not only at the end
     # Within the budget plus one request's timeout (3 + 1.5 s), and a margin for a loaded machine.
     assert waited < 10, waited
@@ -282,39 +295,10 @@ def test_a_store_that_hangs_ends_within_the_outage_budget(server: Store, image_r
 def test_a_frozen_store_is_said_within_seconds(server: Store, image_root: Path) -> None:
     """A frozen store was silent for 40 s under the default budget (each attempt waits its whole
     timeout): a read with no answer for a few seconds says so while it still waits."""
-    import os
-    import signal
-    import subprocess
-
-    server.upload(image_root)
-    client = server.server.client()
-    key = client.list_objects_v2(Bucket="faults", Prefix="data/train/")["Contents"][0]["Key"]
-    reader = (
-        "import sys\n"
-        "from stallfree.data import storage\n"
-        "storage.enable_direct()\n"
-        "storage.read(sys.argv[1])\n"
-        "print('frozen', flush=True); sys.stdin.readline()\n"
-        "storage.read(sys.argv[1])\n"
-    )
-    env = {**os.environ, storage.OUTAGE_ENV: "60", storage.ATTEMPTS_ENV: "2"}  # 30 s a request
-    proc = subprocess.Popen(
-        [PYTHON, "-c", reader, f"s3://faults/{key}"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
-    assert proc.stdout.readline().strip() == "frozen", proc.communicate()[1][-3000:]
-    assert server.proc is not None
-    os.killpg(server.proc.pid, signal.SIGSTOP)
-    try:
-        proc.stdin.write("\n")
-        proc.stdin.flush()
+    with _reading_a_frozen_store(server, image_root, outage_s=60) as (proc, url):  # 30 s a request
+        assert proc.stderr is not None
         line = proc.stderr.readline()  # the first thing it says, long before its 30 s timeout
-    finally:
-        proc.kill()
-        proc.communicate()
-        os.killpg(server.proc.pid, signal.SIGCONT)
-    assert f"s3://faults/{key}: no answer from the store for" in line and "waiting up to 60 s" in line, line
+    assert f"{url}: no answer from the store for" in line and "waiting up to 60 s" in line, line
 
 
 @pytest.mark.parametrize("server", ["s3", "gs"], indirect=True)
