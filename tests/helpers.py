@@ -211,3 +211,10 @@ def stop_after(steps: int) -> type:
             pass
 
     return StopAfter
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The model weights of the run's newest checkpoint (what runs compared bitwise end with)."""
+    from stallfree.train.checkpoint import load_checkpoint
+
+    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]

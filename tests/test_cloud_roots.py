@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import final_weights
+from test_s3_roots import _recipe
 
 from stallfree.cli import main
 from stallfree.data import storage
 from stallfree.data.storage.clouds import AZURITE_KEY
 from stallfree.recipe import dump_toml
-from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
@@ -59,24 +59,10 @@ def local_weights(
         if (fmt, backend) not in cache:
             out = tmp_path_factory.mktemp(f"local-{fmt}-{backend}")
             train(_recipe(image_root if fmt == "folder" else packed, fmt, backend), out, progress=False)
-            cache[fmt, backend] = _final_weights(out)
+            cache[fmt, backend] = final_weights(out)
         return cache[fmt, backend]
 
     return weights
-
-
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
-
-
-def _recipe(root: str | Path, fmt: str, backend: str):
-    return small_recipe(
-        root,
-        data={"format": fmt},
-        loader={"backend": backend, "torch": {"workers": 1}},
-        train={"epochs": 1, "batch_size": 12},
-        optim={"name": "sgd", "lr": 0.05},
-    )
 
 
 def _train_cli(root: str, tmp_path: Path, fmt: str = "folder", backend: str = "torch") -> int:
@@ -92,7 +78,7 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     remote: dict[str, Any], local_weights: Any, tmp_path: Path, fmt: str, backend: str
 ) -> None:
     assert _train_cli(remote[fmt], tmp_path, fmt, backend) == 0
-    mine, theirs = local_weights(fmt, backend), _final_weights(tmp_path / "run")
+    mine, theirs = local_weights(fmt, backend), final_weights(tmp_path / "run")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
     # Credentials come from the environment's standard variables and go nowhere else.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PYTHON, small_recipe, torchrun_train
+from helpers import PYTHON, final_weights, small_recipe, torchrun_train
 from s3_server import Server, need_weed, upload_tree
 
 from stallfree.cli import main
@@ -68,10 +68,6 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str
     return proc.returncode, err
 
 
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
-
-
 def _train_records(run: Path) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [record for record in map(json.loads, lines) if "loss" in record]
@@ -114,8 +110,8 @@ def test_a_run_from_the_store_through_a_sigterm_is_the_run_from_a_local_copy(
     )  # mid-epoch 0
     code, err = _finish(_launch(_recipe(url, backend, fmt, epochs=1), run, "--resume", "auto", ranks=ranks))
     assert code == 0, err[-3000:]
-    expected = _final_weights(local_run)
-    for name, tensor in _final_weights(run).items():
+    expected = final_weights(local_run)
+    for name, tensor in final_weights(run).items():
         assert torch.equal(tensor, expected[name]), name
     # Both ranks' counts, summed, in every record: nothing was retried on a clean run.
     assert {record["store_retries"] for record in _train_records(run)} == {0}

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import final_weights, small_recipe
 from s3_server import KEY_ID, SECRET, upload_tree
 
 from stallfree.cli import main
 from stallfree.recipe import dump_toml
-from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
@@ -32,10 +31,6 @@ def remote(s3_server, image_root: Path, packed: Path) -> dict[str, str]:
         "folder": upload_tree(client, image_root, "roots", "imagenet-tiny"),
         "tar": upload_tree(client, packed, "roots", "shards"),
     }
-
-
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
 
 
 def _recipe(root: str | Path, fmt: str, backend: str):
@@ -59,7 +54,7 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     recipe_path = tmp_path / "s3.toml"
     recipe_path.write_text(dump_toml(_recipe(remote[fmt], fmt, backend)))
     assert main(["train", str(recipe_path), "--out", str(tmp_path / "s3"), "--no-progress"]) == 0
-    mine, theirs = _final_weights(tmp_path / "local"), _final_weights(tmp_path / "s3")
+    mine, theirs = final_weights(tmp_path / "local"), final_weights(tmp_path / "s3")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
     # recipe.toml names the store the run read (its endpoint), never a credential.

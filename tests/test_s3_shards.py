@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_recipe
+from helpers import final_weights, small_recipe
 from s3_server import upload_tree
 
 from stallfree.cli import main
@@ -18,7 +18,6 @@ from stallfree.data.readers.tarshards import ShardError
 from stallfree.data.tools.check import check_dataset
 from stallfree.data.tools.pack import PackError, pack_dataset
 from stallfree.recipe import DataConfig
-from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
@@ -61,10 +60,6 @@ def remote(s3_server, image_root: Path, foreign: Path) -> dict[str, str]:
     }
 
 
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
-
-
 def _recipe(root: str | Path, backend: str):
     return small_recipe(
         root,
@@ -94,7 +89,7 @@ def test_a_run_on_foreign_shards_from_the_store_is_the_local_run(
 ) -> None:
     train(_recipe(foreign, backend), tmp_path / "local", progress=False)
     train(_recipe(remote["foreign"], backend), tmp_path / "s3", progress=False)
-    mine, theirs = _final_weights(tmp_path / "local"), _final_weights(tmp_path / "s3")
+    mine, theirs = final_weights(tmp_path / "local"), final_weights(tmp_path / "s3")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 import torch
 from emulators import environment
-from helpers import PYTHON, small_recipe, train_until_logged
+from helpers import PYTHON, final_weights, small_recipe, train_until_logged
 from s3_server import upload_tree
 
 from stallfree.cli import main
@@ -128,10 +128,6 @@ def _recipe(root: str | Path, backend: str = "torch"):
     )
 
 
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1])["model"]
-
-
 @pytest.fixture(scope="module")
 def local_runs(image_root: Path, tmp_path_factory: pytest.TempPathFactory):
     """The uninterrupted run from a local copy of the same objects, per loader (made once)."""
@@ -141,7 +137,7 @@ def local_runs(image_root: Path, tmp_path_factory: pytest.TempPathFactory):
         if backend not in made:
             run = tmp_path_factory.mktemp(f"local-{backend}") / "run"
             train(_recipe(image_root, backend), run, progress=False)
-            made[backend] = _final_weights(run)
+            made[backend] = final_weights(run)
         return made[backend]
 
     return weights
@@ -186,7 +182,7 @@ def test_a_store_restarted_mid_epoch_does_not_stop_the_run(
     assert proc.poll() is None  # and still waits through the restart (the store was down all along)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
-    _assert_equal(_final_weights(run), local_weights)
+    _assert_equal(final_weights(run), local_weights)
     # The worker's retries reach the record (a shared counter); none before the restart.
     retries = [record["store_retries"] for record in _train_records(run)]
     assert retries[0] == 0 and retries[-1] > 0 and retries == sorted(retries), retries
@@ -227,7 +223,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     _wait_until_it_serves_reads(server, image_root)
     settings.count_retry(5)  # this process's earlier work
     assert main([*cmd[cmd.index("train") :], "--resume", "auto"]) == 0
-    _assert_equal(_final_weights(run), local_runs(backend))
+    _assert_equal(final_weights(run), local_runs(backend))
     # The resumed segment's own count: a clean run (not the retries this process made before).
     assert _train_records(run)[-1]["store_retries"] == 0
 
