@@ -145,6 +145,10 @@ class Server:
             config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
         )
 
+    def upload_tree(self, local: Path, bucket: str, prefix: str) -> str:
+        """Every file under `local` at s3://bucket/prefix/<relative path>; the URL."""
+        return upload_tree(self.client(), local, bucket, prefix)
+
     def env(self) -> dict[str, str]:
         """The environment a process reading from this server needs (the standard variables)."""
         return {

@@ -1,8 +1,8 @@
-"""Training from Google Cloud Storage and Azure Blob Storage (fake-gcs-server and Azurite on
-loopback, reached by the clouds' standard variables alone): the same run as from a local copy,
-bitwise, on both loaders, from folders and from stallfree's shards; a wrong root, missing
-credentials and a dead endpoint are one line at start naming the URL. S3's own runs of the
-same contract are tests/test_s3_roots.py."""
+"""Training from every object store, on a real server on loopback reached by the store's
+standard variables alone (SeaweedFS for s3://, fake-gcs-server for gs://, Azurite for az://):
+the same run as from a local copy, bitwise, on both loaders, from folders and from stallfree's
+shards, with no credential in the run's files; a wrong root, missing or wrong credentials and
+a dead endpoint are one line at start naming the URL, before anything is written."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import final_weights
-from test_s3_roots import _recipe
+from helpers import final_weights, small_recipe
+from s3_server import KEY_ID, SECRET
 
 from stallfree.cli import main
 from stallfree.data import storage
@@ -23,10 +23,10 @@ from stallfree.recipe import dump_toml
 from stallfree.train.run import train
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
-SERVERS = {"gs": "gcs_server", "az": "azure_server"}
+SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
 # What must never reach a run's files: each store's credentials (Azurite's key is public, but
 # it stands for a real one here). The GCS emulator takes no credentials.
-SECRETS = {"gs": [], "az": [AZURITE_KEY.encode()]}
+SECRETS = {"s3": [KEY_ID.encode(), SECRET.encode()], "gs": [], "az": [AZURITE_KEY.encode()]}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,16 @@ def remote(request: pytest.FixtureRequest, image_root: Path, packed: Path) -> di
         "folder": server.upload_tree(image_root, "roots", "imagenet-tiny"),
         "tar": server.upload_tree(packed, "roots", "shards"),
     }
+
+
+def _recipe(root: str | Path, fmt: str, backend: str) -> Any:
+    return small_recipe(
+        root,
+        data={"format": fmt},
+        loader={"backend": backend, "torch": {"workers": 1}},
+        train={"epochs": 1, "batch_size": 12},
+        optim={"name": "sgd", "lr": 0.05},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,9 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     mine, theirs = local_weights(fmt, backend), final_weights(tmp_path / "run")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
+    if remote["scheme"] == "s3":  # recipe.toml names the store the run read, never a credential
+        endpoint = remote["server"].endpoint
+        assert f'endpoint_url = "{endpoint}"' in (tmp_path / "run" / "recipe.toml").read_text()
     # Credentials come from the environment's standard variables and go nowhere else.
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
@@ -97,7 +110,7 @@ def _one_line_naming(url: str, err: str) -> None:
 @pytest.mark.parametrize(
     ("where", "expected"),
     [
-        ("no-such-bucket/data", r"no such (bucket|container)"),
+        ("no-such-bucket/data", r"no such (bucket|container) 'no-such-bucket'"),
         ("roots/missing", "no objects under this prefix"),
     ],
 )
@@ -122,11 +135,36 @@ def test_missing_credentials_are_one_line_naming_the_url(
     for name in remote["server"].env():
         monkeypatch.delenv(name)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud login either
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):  # nor ~/.aws
+        monkeypatch.setenv(name, str(tmp_path / "aws"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # nor an instance role
     root = f"{remote['scheme']}://nocreds/data"  # a bucket no earlier test made a client for
     assert _train_cli(root, tmp_path) != 0
     err = capsys.readouterr().err
     _one_line_naming(f"{remote['scheme']}://nocreds", err)
-    assert re.search(r"no (Google credentials|Azure storage account)", err), err
+    assert re.search(r"no (credentials found|Google credentials|Azure storage account)", err), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("remote", ["s3", "az"], indirect=True)  # fake-gcs-server checks none
+def test_wrong_credentials_are_one_line_naming_the_url(
+    remote: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wrong = "bm90LXRoZS1rZXk="  # base64, as an Azure key is: "not-the-key"
+    for name, value in remote["server"].env().items():
+        if name == "AWS_SECRET_ACCESS_KEY":
+            monkeypatch.setenv(name, wrong)
+        elif name == "AZURE_STORAGE_CONNECTION_STRING":
+            monkeypatch.setenv(name, value.replace(AZURITE_KEY, wrong))
+    assert _train_cli(remote["folder"], tmp_path) != 0
+    err = capsys.readouterr().err
+    _one_line_naming(remote["folder"], err)
+    assert re.search(r"wrong credentials|refused the credentials", err), err
+    assert wrong not in err
     assert not (tmp_path / "run").exists()
 
 
