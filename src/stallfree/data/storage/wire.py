@@ -69,8 +69,11 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def enable_direct() -> None:
-    """This thread (a loader's reader) makes its requests itself from now on."""
+    """This thread (a loader's reader) makes its requests itself from now on, under the store
+    variables of now: a run's environment does not change under its readers, and digesting it
+    again costs ~50 us a request, a fifth of a 30 kB GET's CPU."""
     _local.direct = True
+    _local.environment = settings.store_environment()
 
 
 def direct() -> bool:
@@ -87,7 +90,8 @@ HELPER_ENV = "STALLFREE_STORE_HELPER"  # "1" in the helper process itself
 
 def store_for(scheme: str, bucket: str, endpoint: str, timeout: float) -> Any:
     """This process's obstore store for the bucket (made once per endpoint and timeout)."""
-    key = (scheme, bucket, endpoint, timeout, settings.store_environment())
+    environment = getattr(_local, "environment", None) or settings.store_environment()
+    key = (scheme, bucket, endpoint, timeout, environment)
     found = _stores.get(key)
     if found is None:
         with _lock:
