@@ -169,6 +169,43 @@ def test_a_recipe_error_under_torchrun_is_said_once(image_root: Path, tmp_path: 
     assert "train.batch_size" in errors[0] and "[rank 1]" not in errors[0]
 
 
+def test_a_rank_whose_peer_ended_first_says_so_in_one_line(image_root: Path, tmp_path: Path) -> None:
+    """Rank 1 meets a data error at its third batch while rank 0 goes into that step's
+    collectives: rank 1 says its error, and rank 0, whose collective fails when rank 1's
+    connection closes, says in one line which rank ended first and why, not gloo's traceback."""
+    path = tmp_path / "r.toml"
+    path.write_text(
+        dump_toml(small_recipe(image_root, loader={"backend": "failing_loader:build"}, train={"epochs": 2}))
+    )
+    tests = str(Path(__file__).parent)
+    env = {
+        **os.environ,
+        "STALLFREE_FAILING_RANK": "1",
+        "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    done = subprocess.run(
+        torchrun_train(str(path), "--out", str(tmp_path / "run")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    errors = [
+        line for line in done.stderr.splitlines() if re.search(r"stallfree: (\[rank \d+\] )?error: ", line)
+    ]
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "Connection closed by peer" not in done.stderr and "[rank0]: Traceback" not in done.stderr, (
+        done.stderr[-3000:]
+    )
+    mine = [line for line in errors if "[rank 1]" in line]
+    assert len(mine) == 1 and "broken.jpg: not an image" in mine[0], done.stderr[-3000:]
+    # torchrun may stop rank 0 (SIGTERM) before its collective fails: then it says nothing.
+    peer = [line for line in errors if "[rank 1]" not in line]
+    assert len(peer) <= 1 and all("rank 1 ended first" in line and "broken.jpg" in line for line in peer), (
+        done.stderr[-3000:]
+    )
+
+
 def test_concurrent_header_checks_leave_the_warning_filters_alone(image_root: Path) -> None:
     paths = [str(p) for p in sorted(image_root.rglob("*.jpg"))] * 4
     for _ in range(20):

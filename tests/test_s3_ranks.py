@@ -136,7 +136,7 @@ def test_a_store_that_stays_down_ends_both_ranks(
         server.kill()
     assert code != 0
     # Every rank's error line (not a warning quoting the client). A rank whose peer ended first
-    # may instead die in a collective with gloo's "Connection closed by peer": it still ends.
+    # may meet it in a collective: its line names that rank and its error.
     errors = [line for line in err.splitlines() if re.search(r"stallfree: (\[rank \d+\] )?error: ", line)]
     assert errors and all(f"{url}/" in line and "(still after 2 s)" in line for line in errors), err
     assert all("--resume auto continues from the last saved one" in line for line in errors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stallfree.errors import DeviceError
+from stallfree.errors import DeviceError, StallfreeError
 from stallfree.parallel import DistInfo
 from stallfree.train.slurm import slurm_rendezvous
 
@@ -117,3 +118,50 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+# The first rank to end on an error writes "RANK\nEXIT CODE\nLINE" here, in the group's store.
+FIRST_TO_END_KEY = "stallfree/first_to_end"
+
+
+class PeerEndedError(StallfreeError):
+    """This rank failed after another rank had ended on an error (its collective lost its
+    peer): one line naming that rank and its error, which that rank's own line says in full."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # the first rank's: a store outage's 75 asks for a requeue
+
+
+def peer_ended_first(rank: int, exc: Exception) -> PeerEndedError | None:
+    """After `exc` ended this rank's run in a process group: this rank is named the first to
+    end, unless another rank was (then a PeerEndedError naming it, for an error of this rank's
+    own that is no StallfreeError: gloo's "Connection closed by peer", NCCL's abort), so that
+    peers whose collectives fail when this rank's connections close can say why in one line."""
+    if not (dist.is_available() and dist.is_initialized()) or isinstance(exc, PeerEndedError):
+        return None
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    first_line = (str(exc).splitlines() or [""])[0][:1000]
+    line = first_line if isinstance(exc, StallfreeError) else f"{type(exc).__name__}: {first_line}"
+    code = exc.exit_code if isinstance(exc, StallfreeError) else 1
+    try:
+        store = get_store() if get_store is not None else None
+        if store is None:
+            return None
+        store.set_timeout(timedelta(seconds=5))  # a store whose host froze must not hold the exit
+        first = store.compare_set(FIRST_TO_END_KEY, "", f"{rank}\n{code}\n{line}").decode(errors="replace")
+    except Exception:  # noqa: BLE001 - under srun, rank 0 holds the store: it is gone
+        if isinstance(exc, StallfreeError) or rank == 0:
+            return None
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        return PeerEndedError(
+            f"the process group's store at {where} stopped answering: rank 0 (or the launcher) "
+            f"ended first, and its own line says why; this rank stopped with it ({type(exc).__name__})"
+        )
+    first_rank, first_code, first_error = (first.split("\n", 2) + ["", ""])[:3]
+    if first_rank == str(rank) or isinstance(exc, StallfreeError):
+        return None
+    return PeerEndedError(
+        f"rank {first_rank} ended first ({first_error}); this rank stopped with it ({type(exc).__name__})",
+        int(first_code) if first_code.isdigit() else 1,
+    )

@@ -22,7 +22,7 @@ from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml
 from stallfree.train.checkpoint import Checkpointer, ResumePoint
-from stallfree.train.distributed import all_reduce_sum, init_distributed, shutdown
+from stallfree.train.distributed import all_reduce_sum, init_distributed, peer_ended_first, shutdown
 from stallfree.train.listing_check import check_ranks_agree
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.outage import (
@@ -177,6 +177,12 @@ def train(
         all_ranks_here = True
     except PreemptedError:
         all_ranks_here = True
+        raise
+    except Exception as exc:
+        # Named to the other ranks before this one's connections close (distributed.py).
+        peer_error = peer_ended_first(dist.rank, exc)
+        if peer_error is not None:
+            raise peer_error from None
         raise
     finally:
         for loader in loaders.values():
