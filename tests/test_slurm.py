@@ -149,7 +149,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
         time.sleep(0.2)  # both ranks set up: their handlers are in place, their steps under way
     time.sleep(1)
     subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
-    while time.time() < deadline and "requeued Slurm job" not in (log.read_text() if log.exists() else ""):
+    while time.time() < deadline and "requeueing Slurm job" not in (log.read_text() if log.exists() else ""):
         if _job_state(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(0.2)
@@ -172,7 +172,7 @@ def test_srun_job_saves_requeues_itself_and_finishes_like_an_uninterrupted_run(
     text = log.read_text()
     assert state["JobState"] == "COMPLETED", text[-4000:]
     signalled = len(re.findall(r"stop requested at optimizer step \d+ \(SIGUSR1\)", text))
-    requeued = text.count(f"requeued Slurm job {job}")
+    requeued = text.count(f"requeueing Slurm job {job}")
     assert signalled >= 1, text[-4000:]  # Slurm's SIGUSR1 reached the ranks...
     assert requeued == signalled, text[-4000:]  # ...and each signal requeued the job once
     # Slurm may launch a requeued job again on its own when it revokes a launch's credential
@@ -312,3 +312,20 @@ def test_without_scontrol_the_parser_answers_and_bad_lists_are_named(monkeypatch
     for bad in ("n[1-2", "n[1-2]]", "n[3-1]", "n[a-b]", "n[]", "n[-1]"):
         with pytest.raises(slurm.NodeListError, match=re.escape(bad)):
             slurm.expand_nodelist(bad)
+
+
+def test_the_requeue_is_said_before_slurms_sigterm_can_end_the_task(tmp_path: Path) -> None:
+    """`scontrol requeue` from inside a task: Slurm sends the task SIGTERM at once, possibly
+    before scontrol returns. A stand-in scontrol does just that; the line must already be out."""
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nkill -TERM "$PPID"\nsleep 2\n')
+    fake.chmod(0o755)
+    code = (
+        "from stallfree.log import setup_logging; from stallfree.train.slurm import requeue; "
+        "setup_logging(); requeue('42')"
+    )
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == -15, done.stderr  # ended by the signal, as a Slurm task is
+    assert "requeueing Slurm job 42" in done.stderr, done.stderr

@@ -30,7 +30,8 @@ def slurm_job_id() -> str | None:
 
 def requeue(job_id: str, timeout_s: float = 60.0) -> bool:
     """`scontrol requeue JOB`; True when Slurm took it. Failures are logged, never raised: the
-    checkpoint is saved either way, and the job can be resubmitted by hand."""
+    checkpoint is saved either way, and the job can be resubmitted by hand. Said before it is
+    asked: Slurm's SIGTERM to this very task may come before scontrol returns."""
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         LOGGER.error(
@@ -38,6 +39,7 @@ def requeue(job_id: str, timeout_s: float = 60.0) -> bool:
             "the job (it resumes with --resume auto)"
         )
         return False
+    LOGGER.warning(f"requeueing Slurm job {job_id}: it resumes from the checkpoint when it starts")
     try:
         done = subprocess.run(
             [scontrol, "requeue", job_id], capture_output=True, text=True, timeout=timeout_s, check=False
@@ -51,7 +53,6 @@ def requeue(job_id: str, timeout_s: float = 60.0) -> bool:
             "; resubmit the job (is JobRequeue enabled, or --no-requeue set?)"
         )
         return False
-    LOGGER.warning(f"requeued Slurm job {job_id}: it resumes from the checkpoint when it starts")
     return True
 
 
