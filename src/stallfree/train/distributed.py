@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -117,6 +118,11 @@ def shutdown() -> None:
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+        # gloo's worker thread frees the barrier's work (and the tensors of the collectives
+        # before it) after the barrier returns, and needs the GIL for that. Whatever frees the
+        # group last (DDP's reducer, at exit) joins that thread holding the GIL: a deadlock
+        # when that comes first, seen on a loaded machine. A sleep hands the thread the GIL.
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 
