@@ -101,9 +101,15 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
             assert not any(secret in data for secret in SECRETS[remote["scheme"]]), path
 
 
-def _one_line_naming(url: str, err: str) -> None:
+def _refused_at_start(root: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str) -> str:
+    """Train from `root`: it fails in one line naming `url`, with no traceback and no run
+    directory written. Its stderr."""
+    assert _train_cli(root, tmp_path) != 0
+    err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if url in line]
     assert len(lines) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+    return err
 
 
 @pytest.mark.e2e
@@ -118,11 +124,8 @@ def test_a_wrong_root_is_one_line_before_anything_is_written(
     remote: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, expected: str
 ) -> None:
     root = f"{remote['scheme']}://{where}"
-    assert _train_cli(root, tmp_path) != 0
-    err = capsys.readouterr().err
-    _one_line_naming(f"{root}/train", err)
+    err = _refused_at_start(root, tmp_path, capsys, f"{root}/train")
     assert re.search(expected, err), err
-    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.e2e
@@ -139,11 +142,8 @@ def test_missing_credentials_are_one_line_naming_the_url(
         monkeypatch.setenv(name, str(tmp_path / "aws"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # nor an instance role
     root = f"{remote['scheme']}://nocreds/data"  # a bucket no earlier test made a client for
-    assert _train_cli(root, tmp_path) != 0
-    err = capsys.readouterr().err
-    _one_line_naming(f"{remote['scheme']}://nocreds", err)
+    err = _refused_at_start(root, tmp_path, capsys, f"{remote['scheme']}://nocreds")
     assert re.search(r"no (credentials found|Google credentials|Azure storage account)", err), err
-    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.e2e
@@ -160,12 +160,9 @@ def test_wrong_credentials_are_one_line_naming_the_url(
             monkeypatch.setenv(name, wrong)
         elif name == "AZURE_STORAGE_CONNECTION_STRING":
             monkeypatch.setenv(name, value.replace(AZURITE_KEY, wrong))
-    assert _train_cli(remote["folder"], tmp_path) != 0
-    err = capsys.readouterr().err
-    _one_line_naming(remote["folder"], err)
+    err = _refused_at_start(remote["folder"], tmp_path, capsys, remote["folder"])
     assert re.search(r"wrong credentials|refused the credentials", err), err
     assert wrong not in err
-    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.e2e
@@ -180,7 +177,4 @@ def test_a_dead_endpoint_is_one_line_naming_the_url(
     for name, value in server.env().items():
         monkeypatch.setenv(name, value.replace(server.endpoint.split("/")[2], dead))
     root = f"{remote['scheme']}://deadend/data"
-    assert _train_cli(root, tmp_path) != 0
-    err = capsys.readouterr().err
-    _one_line_naming(root, err)
-    assert not (tmp_path / "run").exists()
+    _refused_at_start(root, tmp_path, capsys, root)
