@@ -34,6 +34,14 @@ if _WORKERS > 1:
     # The same count for the runs tests start as subprocesses: a run compared bitwise with one
     # made in this process must sum its convolutions over the same number of threads.
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+# matplotlib's first import on a machine without its font cache runs `fc-list`, a process the
+# e2e guard below would refuse in a unit test. The session gets a cache folder of its own, built
+# here, once, in the process that starts the workers (they inherit the variable): no test then
+# depends on what this machine has cached, or starts a process for it.
+if "PYTEST_XDIST_WORKER" not in os.environ and importlib.util.find_spec("matplotlib"):
+    _MPL = tempfile.TemporaryDirectory(prefix="stallfree-test-mpl-")
+    os.environ["MPLCONFIGDIR"] = _MPL.name
+    import matplotlib.font_manager  # noqa: F401
 
 
 # A test that starts a process, trains a run (writes a run directory) or uses a server fixture
