@@ -139,6 +139,13 @@ def test_the_report_names_the_augmentation_timed() -> None:
     assert words == "RandomResizedCrop + flip, TrivialAugmentWide (31 bins), random erasing p=0.25"
 
 
+def test_the_report_says_whether_the_comparison_was_strict() -> None:
+    result = _fake_result()  # a bench.json of before the switch: off, as it was
+    assert "Strict comparison: off" in markdown(result, summarise(result))
+    result["config"]["exact_decode"] = True
+    assert "Strict comparison: on (`loader.torch.exact_decode`)" in markdown(result, summarise(result))
+
+
 def test_markdown_without_limit_or_train() -> None:
     result = _fake_result()
     result["limit"] = None
@@ -186,7 +193,9 @@ def test_run_bench_interleaves_in_fresh_processes(image_root: Path, monkeypatch:
         limit_files=30,
         limit_passes=2,
     )
-    result = run_bench(small_recipe(image_root), config, progress=False)
+    strict = small_recipe(image_root, loader={"torch": {"exact_decode": True}})
+    result = run_bench(strict, config, progress=False)
+    assert result["config"]["exact_decode"] is True
     order = [(r["repeat"], r["backend"], r["knob"]) for r in result["records"]]
     assert order == [
         (0, "torch", "0"),

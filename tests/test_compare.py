@@ -12,10 +12,12 @@ import pytest
 from stallfree.cli import main
 
 
-def _run(path: Path, summary: dict[str, object], data: str, backend: str = "torch") -> Path:
+def _run(path: Path, summary: dict[str, object], data: str, backend: str = "torch", loader: str = "") -> Path:
     path.mkdir()
     (path / "summary.json").write_text(json.dumps({"backend": backend, **summary}))
-    (path / "recipe.toml").write_text(f"[data]\n{data}\n\n[loader]\nbackend = {json.dumps(backend)}\n")
+    (path / "recipe.toml").write_text(
+        f"[data]\n{data}\n\n[loader]\nbackend = {json.dumps(backend)}\n{loader}"
+    )
     return path
 
 
@@ -44,3 +46,20 @@ def test_compare_names_the_data_source_and_formats_columns_alike(
     cells = [re.findall(r"-?\d+\.(\d+)|(?<!\S)-(?!\S)", row) for row in rows]
     for column in zip(*cells, strict=True):
         assert len({len(c) for c in column if c}) == 1, rows
+
+
+def test_compare_says_whether_the_torch_loader_decoded_in_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The strict comparison (`loader.torch.exact_decode`) per run: on or off for a torch run (off
+    for a recipe written before the key), n/a for DALI, which decodes in full either way."""
+    figures = {"images_per_s": 100.0}
+    runs = [
+        _run(tmp_path / "strict", figures, 'root = "d"', loader="\n[loader.torch]\nexact_decode = true\n"),
+        _run(tmp_path / "scaled", figures, 'root = "d"'),
+        _run(tmp_path / "dali", figures, 'root = "d"', "dali"),
+    ]
+    assert main(["compare", *map(str, runs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    column = lines[0].split().index("strict")
+    assert [row.split()[column] for row in lines[2:]] == ["on", "off", "n/a"]

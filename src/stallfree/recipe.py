@@ -176,6 +176,9 @@ class TorchLoaderConfig:
     # "auto": `workers` holds the count that "auto" chose (a run's recipe.toml and checkpoints
     # say so, and a resume reuses the count instead of measuring again).
     workers_requested: Requested = ""
+    # Strict comparison: decode every JPEG in full, as DALI does, instead of DCT-scaled where the
+    # crop allows (slower); train crops then match DALI's within a grey level at any size.
+    exact_decode: bool = False
 
 
 @dataclass(kw_only=True, slots=True)

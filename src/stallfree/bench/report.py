@@ -88,6 +88,7 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
         f"({cfg.get('augment', 'RandomResizedCrop + flip')}), "
         f"{cfg['precision']}; data {cfg['data_root']}. Median of {cfg['repeats']} interleaved runs, "
         f"{cfg['warmup']} warm-up + {cfg['batches']} timed batches each.",
+        strict_line(cfg.get("exact_decode", False)),
     ]
     if command:
         lines += ["", f"Command: `{command}`"]
@@ -132,6 +133,20 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     if errors:
         lines += ["", "Failed runs:", ""] + [f"- {r['mode']} {r['backend']}: {r['error']}" for r in errors]
     return "\n".join(lines) + "\n"
+
+
+def strict_line(exact_decode: bool) -> str:
+    """Whether the head-to-head was strict: the torch loaders' decode beside DALI's full one."""
+    if exact_decode:
+        return (
+            "Strict comparison: on (`loader.torch.exact_decode`): the torch backend decodes in full, "
+            "as DALI does; their train crops agree within a grey level."
+        )
+    return (
+        "Strict comparison: off: the torch backend decodes DCT-scaled where the crop allows (faster; "
+        "its small train crops differ from DALI's by several grey levels, docs/recipes.md; "
+        "`--set loader.torch.exact_decode=true` turns it on)."
+    )
 
 
 def chart(rows: list[dict[str, Any]], limit: dict[str, Any] | None, path: Path) -> bool:

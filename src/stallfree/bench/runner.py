@@ -332,6 +332,7 @@ def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[s
             "precision": recipe.train.precision,
             "data_root": recipe.data.root,
             "augment": augment_words(recipe.augment),
+            "exact_decode": recipe.loader.torch.exact_decode,
         },
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from stallfree.data.registry import BACKENDS
 from stallfree.errors import RunDirError
@@ -23,16 +24,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         path = Path(run) / "summary.json"
         if not path.is_file():
             raise RunDirError(f"{path} not found; is {run} a finished run directory?")
-        rows.append((run, json.loads(path.read_text()), _data_source(Path(run))))
+        summary, recipe = json.loads(path.read_text()), _recipe(Path(run))
+        backend = summary.get("backend", "?")
+        rows.append((run, summary, _data_source(recipe), _strict(recipe, backend)))
     header = (
-        f"{'run':<28} {'loader':<10} {'data':<13} {'img/s':>8} {'data-wait':>10} {'val top-1':>10} "
-        f"{'wall s':>8}"
+        f"{'run':<28} {'loader':<10} {'strict':<6} {'data':<13} {'img/s':>8} {'data-wait':>10} "
+        f"{'val top-1':>10} {'wall s':>8}"
     )
     print(header)
     print("-" * len(header))
-    for run, s, source in rows:
+    for run, s, source, strict in rows:
         print(
-            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {source:<13} "
+            f"{Path(run).name:<28} {s.get('backend', '?'):<10} {strict:<6} {source:<13} "
             f"{format_figure('images_per_s', s.get('images_per_s')):>8} "
             f"{_percent(s.get('data_wait_frac')):>10} "
             f"{format_figure('val_top1', s.get('val_top1')):>10} "
@@ -41,16 +44,37 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_source(run: Path) -> str:
-    """Where a run read its data, from its recipe.toml: "s3 folders", "gs tar", "local tar", "synthetic"."""
-    from stallfree.data import storage
+def _recipe(run: Path) -> dict[str, Any] | None:
+    """The run's recipe.toml as read, or None when it is missing or not TOML."""
     from stallfree.recipe import tomllib
 
     try:
-        recipe = tomllib.loads((run / "recipe.toml").read_text())
+        return tomllib.loads((run / "recipe.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _strict(recipe: dict[str, Any] | None, backend: str) -> str:
+    """Whether the run's torch loader decoded in full (`loader.torch.exact_decode`, the strict
+    comparison with DALI): "on", "off", or "n/a" for a loader that it does not touch."""
+    loader = (recipe or {}).get("loader", {})
+    if backend in ("dali", "synthetic") or (
+        backend == "synthetic-decode" and loader.get("synthetic_decode") == "dali"
+    ):
+        return "n/a"  # DALI decodes in full either way; synthetic decodes nothing
+    if recipe is None:
         return "?"
-    data, backend = recipe.get("data", {}), BACKENDS.get(recipe.get("loader", {}).get("backend", ""))
+    return "on" if loader.get("torch", {}).get("exact_decode", False) else "off"
+
+
+def _data_source(recipe: dict[str, Any] | None) -> str:
+    """Where a run read its data, from its recipe.toml: "s3 folders", "gs tar", "local tar", "synthetic"."""
+    from stallfree.data import storage
+
+    if recipe is None:
+        return "?"
+    data = recipe.get("data", {})
+    backend = BACKENDS.get(recipe.get("loader", {}).get("backend", ""))
     root = str(data.get("root", ""))
     if not root or (backend is not None and not backend.needs_data):
         return "synthetic"

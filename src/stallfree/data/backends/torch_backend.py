@@ -16,6 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -218,7 +219,10 @@ class TorchLoader(ShardedLoader):
                 f"batch comes: {some_of(list(map(str, bad)))}",
                 stacklevel=2,
             )
-        transform = transform or (train_transform if spec.train else val_transform)
+        if transform is None and spec.train:
+            # Strict comparison: the full decode DALI makes (val decodes in full either way).
+            transform = partial(train_transform, exact=True) if options.exact_decode else train_transform
+        transform = transform or val_transform
         if collate is None:
             collate, to_device, empty = _tuned_path(spec)
         assert to_device is not None and empty is not None

@@ -37,19 +37,23 @@ def train_transform(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     *,
     data: bytes | None = None,
+    exact: bool = False,
 ) -> np.ndarray:
     """Decode, random-resized-crop, flip: uint8 HWC array of side x side.
 
     Raises BadImageError (before any pixel is decoded where the header tells) for a file that
     is not an image both backends decode alike, or that has more than `max_pixels` pixels.
     `data`: the file's bytes when already read (the torch workers read a batch's at once).
+    `exact`: decode in full, never DCT-scaled (`loader.torch.exact_decode`).
     """
     opened = open_image(path, max_pixels, data)
     full_w, full_h = opened.width, opened.height
     drawn = draw_train(full_w, full_h, aug, side, seed)  # the DALI loader's draws too
     left, top, crop_w, crop_h = drawn.box
-    # DCT-scaled decode to the smallest size whose crop still covers `side` pixels on both axes.
-    reduce = jpeg_reduction(opened, math.ceil(full_w * side / crop_w), math.ceil(full_h * side / crop_h))
+    # DCT-scaled decode to the smallest size whose crop still covers `side` pixels on both axes;
+    # `exact` decodes in full, as DALI does (the scaled IDCT moves a small crop by grey levels).
+    need_w, need_h = math.ceil(full_w * side / crop_w), math.ceil(full_h * side / crop_h)
+    reduce = 1 if exact else jpeg_reduction(opened, need_w, need_h)
     out = decode_resized(opened, drawn.box, side, side, flip=drawn.flip, reduce=reduce)
     if drawn.ops:
         out = apply_ops(out, aug.auto_augment, drawn.ops, aug.magnitude_bins)
