@@ -110,16 +110,22 @@ def test_predict_names_the_trained_classes(
 def test_predict_names_a_bad_file_in_human_mode(
     named_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without --json: one line per good image on stdout, the bad one named on stderr."""
+    """Without --json: one line per good image on stdout, the bad one named on stderr, and
+    one line counting the files a folder holds that are not images, naming the first three."""
     from stallfree.cli import main
 
     root, run = named_run
     folder = _images_with_a_bad_one(root, tmp_path / "images")
+    for name in ("a.txt", "b.txt", "c.csv", "d.md", "zebra/e.txt", ".hidden"):
+        (folder / name).write_text("not an image")
     missing = tmp_path / "nope.jpg"
     assert main(["predict", str(run), str(folder), str(missing)]) == 1
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 9
     assert "broken.jpg" in err and "nope.jpg" in err
+    skipped = [line for line in err.splitlines() if "a.txt" in line]
+    assert len(skipped) == 1 and "5 files" in skipped[0] and "2 more" in skipped[0], err
+    assert all(str(folder / name) in skipped[0] for name in ("a.txt", "b.txt", "c.csv")), skipped
 
 
 def test_predict_says_when_a_folder_holds_no_images(
