@@ -53,7 +53,8 @@ def test_class_names_travel_with_the_weights(named_run: tuple[Path, Path], tmp_p
     best = load_checkpoint(run / "checkpoints" / "best.pt")
     assert latest["class_names"] == LABEL_ORDER
     assert best["class_names"] == LABEL_ORDER
-    assert main(["export", str(run / "checkpoints" / "best.pt"), "--out", str(tmp_path / "x")]) == 0
+    best_pt = str(run / "checkpoints" / "best.pt")
+    assert main(["export", best_pt, "--out", str(tmp_path / "x"), "--format", "pt2"]) == 0
     info = json.loads((tmp_path / "x" / "export.json").read_text())
     assert info["class_names"] == LABEL_ORDER
 
@@ -64,7 +65,7 @@ def test_export_json_carries_the_val_transform(named_run: tuple[Path, Path], tmp
     from stallfree.train.export_weights import export_checkpoint
 
     _, run = named_run
-    info = export_checkpoint(run / "checkpoints" / "best.pt", tmp_path / "x")
+    info = export_checkpoint(run / "checkpoints" / "best.pt", tmp_path / "x", formats=())
     assert (info["resize_size"], info["image_size"]) == (36, 32)
     assert info["mean"] == [0.485, 0.456, 0.406] and info["std"] == [0.229, 0.224, 0.225]
     assert json.loads((tmp_path / "x" / "export.json").read_text())["resize_size"] == 36
