@@ -10,7 +10,8 @@ DEMO   := data/demo
 TORCH_PIN ?= torch==2.13.0
 # tb: TensorBoard's tb/ in every run directory (tensorboard, grpcio, its data server: ~50 MB installed).
 # lightning: the Lightning example and its test (lightning, torchmetrics, aiohttp: ~35 MB; never a torch).
-EXTRAS ?= test,plot,dali,fast,track,tb,s3,lightning
+# onnx: export's model.onnx and its test (onnx, onnxscript, onnxruntime: ~120 MB; never a torch).
+EXTRAS ?= test,plot,dali,fast,track,tb,s3,lightning,onnx
 
 .PHONY: demo test lint install clean
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 from torch import nn
 
 import stallfree
+
+if TYPE_CHECKING:
+    from stallfree.recipe import Recipe
 
 
 class _Epochs:
@@ -74,6 +77,19 @@ class StallfreeDataModule(L.LightningDataModule):
         self.recipe, self.overrides, self.fields = recipe, list(overrides), fields
         self.loaders: dict[str, stallfree.Loader] = {}
         self.restored: dict[str, Any] | None = None  # a checkpoint's train loader state
+
+    @property
+    def num_classes(self) -> int:
+        """The class count `stallfree train` gives its model with this recipe: model.num_classes
+        when set, else the data's (train's class folders, or the shard manifest's)."""
+        from stallfree.data.readers.folders import class_count, resolve_dataset
+        from stallfree.recipe import set_key
+
+        recipe = stallfree_recipe(self.recipe, self.overrides)
+        for name, value in self.fields.items():  # as stallfree.loader applies them
+            set_key(recipe, name.replace("__", "."), value, f"{name}=...")
+        dataset = resolve_dataset(recipe.data, recipe.train.seed) if recipe.data.root else None
+        return class_count(recipe, dataset)
 
     def _loader(self, split: str) -> stallfree.Loader:
         if split not in self.loaders:
@@ -141,7 +157,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--classes", type=int, default=10, help="the data's class count (demo: 10)")
     parser.add_argument("--ckpt", default=None, help="a Lightning checkpoint to resume from")
     parser.add_argument(
         "--out", default="runs/lightning", help="Lightning's logs and checkpoints (default runs/lightning)"
@@ -154,14 +169,20 @@ def main(argv: list[str] | None = None) -> None:
     trainer = L.Trainer(
         max_epochs=epochs, use_distributed_sampler=False, log_every_n_steps=5, default_root_dir=args.out
     )
-    trainer.fit(TinyClassifier(args.classes), datamodule=data, ckpt_path=args.ckpt)
+    # The head's size is the data's class count (or the recipe's model.num_classes), as train's.
+    trainer.fit(TinyClassifier(data.num_classes), datamodule=data, ckpt_path=args.ckpt)
+
+
+def stallfree_recipe(recipe: str, overrides: Sequence[str]) -> Recipe:
+    """The recipe with the --set overrides applied."""
+    from stallfree.recipe import apply_overrides, load_recipe
+
+    return apply_overrides(load_recipe(recipe), list(overrides))
 
 
 def stallfree_epochs(recipe: str, overrides: Sequence[str]) -> int:
     """The recipe's train.epochs, with the overrides: Lightning counts the epochs."""
-    from stallfree.recipe import apply_overrides, load_recipe
-
-    return apply_overrides(load_recipe(recipe), list(overrides)).train.epochs
+    return stallfree_recipe(recipe, overrides).train.epochs
 
 
 if __name__ == "__main__":

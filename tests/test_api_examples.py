@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 from doc_pages import pages, python_blocks
 from helpers import PYTHON
 from test_api import BACKENDS, _cli_batches, _recipe_file
@@ -202,14 +204,24 @@ def test_two_ranks_under_torchrun_get_the_clis_shares(image_root: Path, tmp_path
 
 
 @pytest.mark.e2e  # a Lightning fit: one short epoch on the CPU
-def test_lightning_example_writes_its_logs_under_runs_not_the_checkout(
+def test_lightning_example_writes_its_logs_under_runs_with_the_datas_classes(
     image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run as the README says, from a checkout: Lightning's logs and checkpoints land in the
-    run folder (runs/ is ignored by git), never in a lightning_logs/ beside the sources."""
+    run folder (runs/ is ignored by git), never in a lightning_logs/ beside the sources; on
+    3-class data the model has 3 outputs, the data's count (model.num_classes wins when set)."""
     example = _lightning()
-    monkeypatch.chdir(tmp_path)
-    sets = [arg for item in [*_small(image_root, "torch"), "train.epochs=1"] for arg in ("--set", item)]
-    example.main([str(REPO / "pipelines/demo.toml"), *sets])
-    assert sorted(os.listdir(tmp_path)) == ["runs"]
-    assert list((tmp_path / "runs").rglob("*.ckpt"))
+    three = tmp_path / "data"
+    for name in sorted(os.listdir(image_root / "train"))[:3]:
+        for split in ("train", "val"):
+            shutil.copytree(image_root / split / name, three / split / name)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    small = [*_small(three, "torch"), "train.epochs=1"]
+    example.main([str(REPO / "pipelines/demo.toml"), *(arg for item in small for arg in ("--set", item))])
+    assert sorted(os.listdir(work)) == ["runs"]
+    (ckpt,) = (work / "runs").rglob("*.ckpt")
+    assert torch.load(ckpt, weights_only=False)["state_dict"]["net.4.weight"].shape == (3, 16)
+    recipe = str(REPO / "pipelines/demo.toml")
+    assert example.StallfreeDataModule(recipe, [*small, "model.num_classes=5"]).num_classes == 5

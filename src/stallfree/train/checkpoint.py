@@ -185,6 +185,8 @@ def _not_a_checkpoint(path: Path) -> str | None:
             return "is truncated or corrupt (an incomplete zip archive)"
         if any(name.endswith("/constants.pkl") for name in names):
             return "is a TorchScript export (torch.jit.save), not a checkpoint"
+        if any(name.endswith("/archive_format") for name in names):
+            return "is a torch.export program (model.pt2), not a checkpoint"
         return (
             None if any(name.endswith("data.pkl") for name in names) else "is a zip archive, not a checkpoint"
         )

@@ -1,16 +1,19 @@
 """`stallfree export`: a checkpoint's weights for use outside stallfree.
 
-Writes into OUT: `state_dict.pt` (the plain weights, loadable with `model.load_state_dict`),
-`model.torchscript.pt` (traced, when the model traces), `model.onnx` (when the `onnx` package
-is installed and the model exports), and `export.json` saying what was written and what the
-model expects (the val transform's resize and crop sizes, mean and std on 0-1 pixels, the
-class names in label order, channels order).
-A model that cannot be traced or exported is said so in export.json, not hidden.
+Writes into OUT: `state_dict.pt` (for `model.load_state_dict`), `model.pt2` (a `torch.export`
+program: `torch.export.load(path).module()` runs it), `model.onnx` (torch's `dynamo=True`
+exporter, with the `onnx` extra), both for any batch size, and `export.json`: what was written
+and what the model expects (the val resize and crop, mean and std on 0-1 pixels, the class
+names in label order). A model that cannot be exported is said so there, not hidden.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
+import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import torch
 
 from stallfree.errors import StallfreeError
 from stallfree.models import build_model
-from stallfree.recipe import recipe_from_dict
+from stallfree.recipe import Recipe, recipe_from_dict
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 
 
@@ -43,8 +46,27 @@ def class_names(state: dict[str, Any], num_classes: int) -> list[str]:
     return known + [str(i) for i in range(len(known), num_classes)]
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = False) -> dict[str, Any]:
-    """Export a checkpoint (a ckpt-*.pt, best.pt or run directory); return export.json's data."""
+# What `stallfree export` can write beside state_dict.pt and export.json, by default all.
+FORMATS = ("pt2", "onnx")
+ONNX_INSTALL = "pip install -e '.[onnx]'"
+PROGRAMS = ("model.pt2", "model.onnx", "model.onnx.data")
+EMBED_LIMIT = 1536 << 20  # bytes of weights model.onnx holds itself (protobuf stops at 2 GB)
+
+
+def export_checkpoint(
+    checkpoint: str | Path, out: str | Path, *, ema: bool = False, formats: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Export a checkpoint (a ckpt-*.pt, best.pt or run directory) beside its state dict; return
+    export.json's data. `formats` (of FORMATS) None: model.pt2, and model.onnx where its
+    packages are installed (else export.json says what to install); named: each of them, and
+    ONNX without its packages is an ExportError naming the install."""
+    asked = FORMATS if formats is None else tuple(formats)
+    unknown = sorted(set(asked) - set(FORMATS))
+    if unknown:
+        raise ExportError(f"export format {', '.join(unknown)}: choose from {', '.join(FORMATS)}")
+    missing = _onnx_missing() if "onnx" in asked else ""
+    if missing and formats is not None:
+        raise ExportError(f"model.onnx needs {missing}: {ONNX_INSTALL}")
     path = resolve_checkpoint(checkpoint)
     state = load_checkpoint(path)
     if ema and "ema" not in state:
@@ -59,9 +81,24 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out / "state_dict.pt")
+    info = _export_info(path, recipe, state, classes, ema=ema)
+    for name in PROGRAMS:  # a previous export's: the folder holds what export.json says
+        (out / name).unlink(missing_ok=True)
+    if missing:
+        info["not_written"]["model.onnx"] = f"needs {missing}: {ONNX_INSTALL}"
+    wanted = [f for f in FORMATS if f in asked and not (f == "onnx" and missing)]
+    if wanted:
+        _export_programs(model, recipe.augment.val_size, out, wanted, info)
+    (out / "export.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _export_info(
+    path: Path, recipe: Recipe, state: dict[str, Any], classes: int, *, ema: bool
+) -> dict[str, Any]:
+    """export.json's data before the programs are written: the model and what it expects."""
     size = recipe.augment.val_size  # what evaluation feeds it
-    example = torch.zeros(1, 3, size, size)
-    info: dict[str, Any] = {
+    return {
         "checkpoint": str(path),
         "model": recipe.model.name,
         "num_classes": classes,
@@ -78,26 +115,73 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, ema: bool = Fa
         "written": ["state_dict.pt"],
         "not_written": {},
     }
-    try:
-        with torch.no_grad():
-            torch.jit.trace(model, example).save(str(out / "model.torchscript.pt"))
-        info["written"].append("model.torchscript.pt")
-    except Exception as exc:  # noqa: BLE001 - a model that does not trace is reported, not fatal
-        info["not_written"]["model.torchscript.pt"] = f"{type(exc).__name__}: {exc}"[:300]
-    try:
-        import onnx  # noqa: F401 - torch's exporter needs it
 
-        torch.onnx.export(
-            model,
-            (example,),
-            str(out / "model.onnx"),
-            dynamo=False,
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
-        )
-        info["written"].append("model.onnx")
-    except Exception as exc:  # noqa: BLE001 - likewise: reported in export.json
-        info["not_written"]["model.onnx"] = f"{type(exc).__name__}: {exc}"[:300]
-    (out / "export.json").write_text(json.dumps(info, indent=2) + "\n")
-    return info
+
+def _onnx_missing() -> str:
+    """The packages torch's ONNX exporter needs that do not import, or ""."""
+    missing = []
+    for name in ("onnx", "onnxscript"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return " and ".join(missing)
+
+
+def _export_programs(
+    model: torch.nn.Module, size: int, out: Path, formats: list[str], info: dict[str, Any]
+) -> None:
+    """model.pt2 and/or model.onnx from one torch.export program, the batch dimension dynamic;
+    what fails is recorded in info["not_written"] rather than raised."""
+    # A batch of 2: torch.export specialises a dimension whose example is 1 to a constant.
+    example = torch.zeros(2, 3, size, size)
+    try:
+        batch = torch.export.Dim("batch", min=1)
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    except Exception as exc:  # noqa: BLE001 - a model that does not export is reported, not fatal
+        for name in formats:
+            info["not_written"][f"model.{name}"] = _reason(exc)
+        return
+    if "pt2" in formats:
+        torch.export.save(program, out / "model.pt2")
+        info["written"].append("model.pt2")
+    if "onnx" in formats:
+        try:
+            _write_onnx(program, example, out / "model.onnx")
+            info["written"].append("model.onnx")
+            if (out / "model.onnx.data").exists():  # a model over 2 GB: its weights beside it
+                info["written"].append("model.onnx.data")
+        except Exception as exc:  # noqa: BLE001 - likewise: reported in export.json
+            info["not_written"]["model.onnx"] = _reason(exc)
+
+
+def _write_onnx(program: torch.export.ExportedProgram, example: torch.Tensor, path: Path) -> None:
+    """torch's dynamo=True exporter (the one torch recommends since 2.9), quietly: its progress
+    lines and its note that torchvision's detection ops are not registered mean nothing here."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+            torch.onnx.export(
+                program,
+                (example,),
+                str(path),
+                dynamo=True,
+                verbose=False,
+                input_names=["images"],
+                output_names=["logits"],
+                # One file, unless the weights near protobuf's 2 GB limit: then model.onnx.data.
+                external_data=_weight_bytes(program) > EMBED_LIMIT,
+            )
+    finally:
+        registration.setLevel(level)
+
+
+def _weight_bytes(program: torch.export.ExportedProgram) -> int:
+    return sum(t.numel() * t.element_size() for t in program.state_dict.values())
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

@@ -45,3 +45,14 @@ def say_validation(epoch: int, val: dict[str, float], rank: int) -> None:
             f"top-5 {val['val_top5']:.4f} loss {val['val_loss']:.4f} "
             f"({int(val['val_samples'])} images)"
         )
+
+
+def time_to_go(seconds: float) -> str:
+    """`seconds` in the unit that reads: seconds under a minute, minutes under an hour, hours."""
+    if seconds < 1:
+        return "less than a second"
+    if seconds < 60:
+        return f"about {seconds:.0f} s"
+    if seconds < 3600:
+        return f"about {seconds / 60:.1f} min"
+    return f"about {seconds / 3600:.1f} h"

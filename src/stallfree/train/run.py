@@ -35,6 +35,7 @@ from stallfree.train.outage import (
 )
 from stallfree.train.prepare import RunContext, build_trainer, prepare_recipe, steps_per_epoch
 from stallfree.train.profile import StepProfiler
+from stallfree.train.progress import time_to_go
 from stallfree.train.resume import (
     RunCheckpoint,
     best_state,
@@ -284,7 +285,7 @@ class TimeToGo:
         per_step = (time.perf_counter() - self.started) / max(1, steps)
         left = (self.total_steps - self.trainer.optimizer_steps) * per_step
         LOGGER.info(
-            f"about {left / 60:.1f} min to go ({self.total_steps} steps in "
+            f"{time_to_go(left)} to go ({self.total_steps} steps in "
             f"all at {per_step:.2f} s each; validation not included)"
         )
 
