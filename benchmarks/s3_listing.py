@@ -12,6 +12,10 @@ and kills the server. Object names only: no bytes are read. Created objects are 
 --work (when given) for the next run of the script.
 
     python benchmarks/s3_listing.py --classes 1000 --per-class 1280 --work /tmp/s3list
+    python benchmarks/s3_listing.py --smoke        # 4 classes of 8: seconds
+
+Its own server, not a running one: it loads the filer's entries through `weed shell`, and
+--put writes unsigned, which a store with identities refuses.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' server helpers: ports, the binary
 
+# The interpreter of the child processes: $PYTHON_EXEC where set (torchrun's variable; the tests
+# point it at their fork server, whose children start with torch imported), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 BUCKET, PREFIX = "listing", "imagenet"
 
 MEASURE = r"""
@@ -195,7 +202,7 @@ def measure(port: int, cache: Path, start: str) -> dict[str, float]:
         "STALLFREE_CACHE": str(cache),
     }
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, f"s3://{BUCKET}/{PREFIX}", start],
+        [PYTHON, "-c", MEASURE, f"s3://{BUCKET}/{PREFIX}", start],
         env=env,
         capture_output=True,
         text=True,
@@ -211,7 +218,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=16, help="parallel PUT connections")
     parser.add_argument("--put", action="store_true", help="create by PUTs, not fs.meta.load")
     parser.add_argument("--work", type=Path, default=None, help="server data (a temp folder if unset)")
+    parser.add_argument("--smoke", action="store_true", help="4 classes of 8 objects, in a temp folder")
     args = parser.parse_args()
+    if args.smoke:
+        args.classes, args.per_class, args.work = 4, 8, None
     from s3_server import _free_port, weed_binary
 
     weed = weed_binary()

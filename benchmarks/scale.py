@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The interpreter of the child processes: $PYTHON_EXEC where set (torchrun's variable; the tests
+# point it at their fork server, whose children start with torch imported), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 BASELINE = 2_000
 SOURCES = 300  # distinct JPEGs; 1.28M links stay far below 65,000 per inode
 LINKS_PER_INODE = 65_000
@@ -137,7 +140,7 @@ def measure(
     root: Path, *, cache: Path, workers: int = 2, list_only: bool = False, file_list: Path | None = None
 ) -> dict[str, Any]:
     """Run `_child` in a fresh interpreter with STALLFREE_CACHE=cache."""
-    cmd = [sys.executable, __file__, "--child", "--root", str(root), "--workers", str(workers)]
+    cmd = [PYTHON, __file__, "--child", "--root", str(root), "--workers", str(workers)]
     cmd += ["--list-only"] if list_only else []
     cmd += ["--file-list", str(file_list)] if file_list else []
     env = {**os.environ, "STALLFREE_CACHE": str(cache)}
