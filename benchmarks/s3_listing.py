@@ -87,21 +87,31 @@ def start(weed: str, work: Path, port: int) -> tuple[subprocess.Popen[bytes], li
         "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
     (work / "weed").mkdir(parents=True, exist_ok=True)
+    # SeaweedFS makes AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY an admin identity, and a store
+    # with one refuses the anonymous requests this server is for.
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     with open(work / "weed.log", "ab") as log:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
         )
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"weed exited with {proc.returncode}; see {work / 'weed.log'}")
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if _request(port, "PUT", f"/{BUCKET}") in (200, 409):
                 return proc, ports
         except OSError:
             pass
         time.sleep(0.5)
-    raise SystemExit("weed did not answer in 90 s")
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    raise SystemExit(f"weed did not answer anonymous requests in 90 s (exit {proc.returncode}): {log.name}")
 
 
 def _request(port: int, method: str, path: str) -> int:
