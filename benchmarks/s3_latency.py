@@ -12,7 +12,7 @@ CPU the store and the proxies took meanwhile, on the same cores (a real store's 
 loader run, local or not, to the others, so each loader has the same CPU wherever its data is.
 
     PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --out s3_latency.json
-    PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --smoke   # 20 images, +5 ms: seconds
+    PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --smoke   # torch, 20 images, +5 ms: seconds
 
 `--endpoint URL` reads from a store already running there (its keys in the AWS_* variables)
 instead of a SeaweedFS of its own; the store's CPU is then not measured.
@@ -150,7 +150,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--endpoint", default="", help="a running store to use, not one of its own")
-    parser.add_argument("--smoke", action="store_true", help="2 images a class, +5 ms, one round")
+    parser.add_argument("--smoke", action="store_true", help="torch, 2 images a class, +5 ms, one round")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", default="", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="", help=argparse.SUPPRESS)
@@ -159,7 +159,8 @@ def main() -> None:
         child(args)
         return
     if args.smoke:
-        vars(args).update(delays="5", per_class=2, batch=8, batches=2, rounds=1, store_cores=0)
+        vars(args).update(delays="5", backends="torch", per_class=2, batch=8, batches=2, rounds=1)
+        args.store_cores = 0
     with tempfile.TemporaryDirectory(prefix="s3-latency-") as tmp:
         rows = on_a_store(args, Path(tmp))
     print(table(rows, args.batches))
