@@ -179,7 +179,7 @@ def main() -> None:
         _child(args)
     elif args.smoke:  # every measurement once, at sizes past one batch of 64
         with tempfile.TemporaryDirectory(prefix="scale-smoke-") as tmp:
-            vars(args).update(sizes="256", classes=4, listing_only=256, list_classes=8, work=tmp)
+            vars(args).update(sizes="256", classes=4, listing_only=256, list_classes=200, work=tmp)
             run(args, baseline=128)
     else:
         run(args, baseline=BASELINE)
@@ -220,11 +220,13 @@ def run(args: argparse.Namespace, baseline: int) -> None:
 
 
 def listing_row(lists: Path, n: int, classes: int, baseline: int) -> dict[str, Any]:
-    """A data.file_list of n lines listed (no files behind it), against one of `baseline`."""
+    """A data.file_list of n lines listed (no files behind it), against one of `baseline` lines
+    (or one a class, if more)."""
     t0 = time.perf_counter()
     path = make_file_list(lists, n, classes)
     made = time.perf_counter() - t0
-    small = make_file_list(lists, baseline, classes)
+    # The baseline names every class once at least: a class folder no line names is refused.
+    small = make_file_list(lists, max(baseline, classes), classes)
     cache = lists.parent / "cache-list"
     big = measure(lists, cache=cache, list_only=True, file_list=path)
     ref = measure(lists, cache=cache, list_only=True, file_list=small)
