@@ -15,12 +15,14 @@ import sys
 import pytest
 from doc_pages import REPO
 from helpers import PYTHON
+from s3_server import need_weed
 
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 # Scripts that read from a running store given by --endpoint (the AWS_* variables its keys):
 # here the session's SeaweedFS, not one of their own.
 ON_THE_SESSION_STORE = {"s3_latency.py", "s3_shard_reads.py"}
+WITH_A_STORE_OF_THEIR_OWN = {"get_cost.py", "s3_listing.py"}  # a SeaweedFS without identities
 
 
 @pytest.mark.e2e
@@ -31,6 +33,8 @@ def test_every_benchmark_runs_at_its_smoke_size(script: str, request: pytest.Fix
     argv = [PYTHON, str(BENCHMARKS / script), "--smoke"]
     if script in ON_THE_SESSION_STORE:
         argv += ["--endpoint", request.getfixturevalue("s3_server").endpoint]
+    if script in WITH_A_STORE_OF_THEIR_OWN:
+        need_weed()  # skipped without SeaweedFS, as the session store's tests are
     # A user's keys in the environment (the session store's where set): a server of a script's
     # own must not take them for its identities.
     env = {"AWS_ACCESS_KEY_ID": "a-user-key", "AWS_SECRET_ACCESS_KEY": "a-user-secret", **os.environ}
@@ -110,3 +114,26 @@ def test_a_bad_benchmark_command_would_be_caught(parse_only: None) -> None:
         check_arguments("scale.py", ["--samples", "100"], "page.md")
     with pytest.raises(AssertionError, match="no such script"):
         check_arguments("scales.py", [], "page.md")
+
+
+def gpu_check_commands() -> list[list[str]]:
+    """The `$PY -m stallfree ...` commands of gpu_check.sh as argv, `"${common[@]}"` expanded
+    and every other shell variable replaced by its default there, or else a placeholder word."""
+    text = re.sub(r"\\\n\s*", " ", (BENCHMARKS / "gpu_check.sh").read_text())
+    (common,) = re.findall(r"^common=\((.*)\)$", text, re.MULTILINE)
+    defaults = dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, re.MULTILINE))  # DEVICE=${DEVICE:-cuda}
+    found = []
+    for line in re.findall(r"^\s*\$PY -m stallfree (.*)$", text, re.MULTILINE):
+        line = re.split(r"\s(?:\||>|\|\||&&)\s", line)[0].replace('"${common[@]}"', common)
+        found.append(shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m[1], "X"), line)))
+    return found
+
+
+def test_gpu_check_runs_only_flags_stallfree_has() -> None:
+    """What gpu_check.sh can be checked for without a GPU: its stallfree commands parse."""
+    from stallfree.cli import build_parser
+
+    commands = gpu_check_commands()
+    for argv in commands:
+        build_parser().parse_args(argv)  # argparse's SystemExit fails the test
+    assert sum(argv[0] == "bench" for argv in commands) == 3, commands
