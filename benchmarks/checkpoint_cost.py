@@ -1,12 +1,13 @@
 """Checkpoint size and save time for a model with its SGD momentum state (median of 5 saves).
 
 python benchmarks/checkpoint_cost.py small_cnn resnet50
+python benchmarks/checkpoint_cost.py --smoke      # small_cnn alone: seconds
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 import time
 
@@ -34,7 +35,15 @@ def measure(name: str, num_classes: int = 1000) -> tuple[float, float]:
         return path.stat().st_size / 1e6, statistics.median(times)
 
 
-if __name__ == "__main__":
-    for model_name in sys.argv[1:] or ["small_cnn", "resnet50"]:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["small_cnn", "resnet50"], help="model.name values")
+    parser.add_argument("--smoke", action="store_true", help="small_cnn alone: seconds")
+    args = parser.parse_args()
+    for model_name in ["small_cnn"] if args.smoke else args.models:
         size_mb, save_s = measure(model_name)
         print(f"{model_name:<10} {size_mb:8.1f} MB  save {save_s * 1000:7.1f} ms (median of 5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,9 @@ PUTs 256 objects of --size bytes, and prints, for each way of reading them all s
 best of 5 passes of process CPU time (user + system, every thread) a read.
 
     python benchmarks/get_cost.py --size 100000
+    python benchmarks/get_cost.py --smoke          # 8 objects of 1,000 bytes: seconds
+
+Its own server, not a running one: the unsigned reads need a store without identities.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=100_000, help="bytes an object")
     parser.add_argument("--objects", type=int, default=256)
+    parser.add_argument("--smoke", action="store_true", help="8 objects of 1,000 bytes")
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.objects = 1000, 8
     import obstore
     from obstore.store import S3Store
     from s3_listing import BUCKET, start

@@ -5,6 +5,7 @@ every `read_bytes` call (the one function every stallfree read of a file's bytes
 then measures `stallfree bench --mode loader`'s figure (`measure_loader`) on each backend.
 
     PYTHONPATH=src .venv/bin/python benchmarks/read_latency.py DATA --delays 0,2,20 --out out.json
+    PYTHONPATH=src .venv/bin/python benchmarks/read_latency.py --smoke   # 20 demo images, seconds
 
 Run it with another checkout's src/ on PYTHONPATH to measure that code (the "before" column).
 What it does not see: PIL's own opens by path (the old DALI source's header check opened each
@@ -15,10 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+# The interpreter of the child processes: $PYTHON_EXEC where set (torchrun's variable; the tests
+# point it at their fork server, whose children start with torch imported), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 
 
 def install_delay(seconds: float) -> None:
@@ -40,9 +48,13 @@ def install_delay(seconds: float) -> None:
         time.sleep(seconds)
         return original(path, limit)
 
+    patched = []
     for name, module in list(sys.modules.items()):
         if name.startswith("stallfree") and getattr(module, "read_bytes", None) is original:
             module.read_bytes = delayed  # type: ignore[attr-defined]
+            patched.append(name)
+    if "stallfree.data.backends.torch_backend" not in patched:  # else every figure is undelayed
+        raise SystemExit("read_latency.py: the torch backend no longer reads through headers.read_bytes")
     dali = sys.modules.get("stallfree.data.backends.dali_backend")
     if dali is not None:
         dali.DaliLoader._feed = _timed(dali.DaliLoader._feed)  # noqa: SLF001 - measured from outside
@@ -101,7 +113,7 @@ def measure(
 def main() -> None:
     """Parse, inject the delay, measure each backend; print and write one JSON line per run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", type=Path)
+    parser.add_argument("data", type=Path, nargs="?", help="an ImageFolder (not with --smoke)")
     parser.add_argument("--delays", default="0,2,20", help="ms per read, comma-separated")
     parser.add_argument("--backends", default="torch,dali")
     parser.add_argument("--workers", type=int, default=2, help="torch workers, DALI threads")
@@ -110,7 +122,18 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=None, help=argparse.SUPPRESS)  # one child run
     parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="20 demo images in a temp folder, 1 ms")
     args = parser.parse_args()
+    if args.smoke:
+        from stallfree.data.tools.demo import write_demo
+
+        with tempfile.TemporaryDirectory(prefix="read-latency-smoke-") as tmp:
+            data = write_demo(Path(tmp) / "demo", train_per_class=2, val_per_class=1, progress=False)
+            vars(args).update(data=data, delays="1", batch=8, batches=2)
+            run(args)
+        return
+    if args.data is None:
+        parser.error("DATA is required (or --smoke)")
     if args.delay_ms is not None:  # a child: one delay, one backend, in a fresh process
         install_delay(args.delay_ms / 1000)
         result = measure(args.data, args.backend, args.workers, args.batch, args.batches)
@@ -118,12 +141,15 @@ def main() -> None:
             result["source_ms_per_call"] = 1000 * sum(SOURCE_CALLS) / len(SOURCE_CALLS)
         print(json.dumps({"backend": args.backend, "delay_ms": args.delay_ms, **result}))
         return
-    import subprocess
+    run(args)
 
+
+def run(args: argparse.Namespace) -> None:
+    """Each (delay, backend) in a fresh process; one JSON line each, and the rows to --out."""
     rows = []
     for delay in [float(d) for d in args.delays.split(",")]:
         for backend in args.backends.split(","):
-            child = [sys.executable, __file__, str(args.data), "--delay-ms", str(delay), "--backend", backend]
+            child = [PYTHON, __file__, str(args.data), "--delay-ms", str(delay), "--backend", backend]
             child += [
                 "--workers",
                 str(args.workers),

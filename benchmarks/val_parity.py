@@ -1,33 +1,35 @@
 """Val parity: mean absolute difference, in grey levels, between the DALI and torch val outputs.
 
 python benchmarks/val_parity.py data/demo        # any ImageFolder with a val/ split
+python benchmarks/val_parity.py --smoke          # 10 demo images written to a temp folder
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import tempfile
+from pathlib import Path
 
 import torch
 
-from stallfree.data.build import build_loader
-from stallfree.recipe import recipe_from_dict
+import stallfree
 
 RAW = {"mean": [0.0, 0.0, 0.0], "std": [1 / 255] * 3}  # "normalised" output = uint8 pixel values
+SIZES = ((32, 36), (64, 73), (224, 256))  # (crop, resize)
 
 
 def parity(root: str, size: int, resize: int) -> tuple[float, float]:
     """(mean abs difference, worst per-image mean) over the whole val split, CPU graphs."""
     outputs = {}
     for backend in ("torch", "dali"):
-        recipe = recipe_from_dict(
-            {
-                "data": {"root": root},
-                "augment": {"image_size": size, "resize_size": resize, **RAW},
-                "train": {"batch_size": 32, "precision": "fp32"},
-                "loader": {"backend": backend, "torch": {"workers": 2}, "dali": {"threads": 2}},
-            }
-        )
-        loader = build_loader(recipe, "val", device=torch.device("cpu"))
+        recipe = {
+            "data": {"root": root},
+            "augment": {"image_size": size, "resize_size": resize, **RAW},
+            "train": {"batch_size": 32, "precision": "fp32"},
+            "loader": {"backend": backend, "torch": {"workers": 2}, "dali": {"threads": 2}},
+        }
+        # Each loader as `stallfree train` builds it (the dataset listed, the backend resolved).
+        loader = stallfree.loader(recipe, "val", device="cpu")
         try:
             outputs[backend] = torch.cat([b.images for b in loader])
         finally:
@@ -36,11 +38,31 @@ def parity(root: str, size: int, resize: int) -> tuple[float, float]:
     return diff.mean().item(), diff.flatten(1).mean(1).max().item()
 
 
-if __name__ == "__main__":
-    data_root = sys.argv[1] if len(sys.argv) > 1 else "data/demo"
-    for size, resize in ((32, 36), (64, 73), (224, 256)):
-        mean, worst = parity(data_root, size, resize)
+def report(root: str) -> None:
+    """One line a size."""
+    for size, resize in SIZES:
+        mean, worst = parity(root, size, resize)
         print(
             f"{size:>3} px (resize {resize}): mean |dali - torch| = {mean:.3f} grey levels, "
-            f"worst image {worst:.3f}"
+            f"worst image {worst:.3f}",
+            flush=True,
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", nargs="?", default="data/demo", help="an ImageFolder with a val/ split")
+    parser.add_argument("--smoke", action="store_true", help="one demo image a class, in a temp folder")
+    args = parser.parse_args()
+    if not args.smoke:
+        report(args.root)
+        return
+    from stallfree.data.tools.demo import write_demo
+
+    with tempfile.TemporaryDirectory(prefix="val-parity-smoke-") as tmp:
+        demo = write_demo(Path(tmp) / "demo", train_per_class=1, val_per_class=1, progress=False)
+        report(str(demo))
+
+
+if __name__ == "__main__":
+    main()

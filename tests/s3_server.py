@@ -160,6 +160,30 @@ class Server:
         }
 
 
+class Running:
+    """A store already serving at `endpoint`, its keys in the AWS_* variables (a test session's
+    SeaweedFS): what a benchmark given --endpoint reads from instead of a Server of its own."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint, self.proc = endpoint, None
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def kill(self) -> None:
+        """Not this process's to stop."""
+
+    def client(self):
+        """A boto3 client of the store (the keys from the environment)."""
+        import boto3
+
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint)
+
+    def env(self) -> dict[str, str]:
+        """The endpoint; the keys and the region are in the environment already."""
+        return {"AWS_ENDPOINT_URL": self.endpoint}
+
+
 def upload_tree(client, local: Path, bucket: str, prefix: str) -> str:
     """Put every file under `local` at s3://bucket/prefix/<relative path>; the URL."""
     try:
