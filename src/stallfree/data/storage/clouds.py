@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import stallfree.data.storage.credentials as credentials
 import stallfree.data.storage.settings as settings
 from stallfree.data.storage.failures import StoreError
-from stallfree.data.storage.locations import SCHEMES
+from stallfree.data.storage.locations import BUCKET_WORD, SCHEMES
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 # Other tools' spellings of them, refused with the one to write (`abfs://` also names Data Lake
 # file systems by `fs@account.dfs.core.windows.net`, an account `az://` leaves to the variables).
 _SPELLINGS = {"gcs": "gs://bucket/prefix", "azure": "az://container/prefix", "abfs": "az://container/prefix"}
-# What each store calls the thing a URL's first part names.
-BUCKET_WORD = {"s3": "bucket", "gs": "bucket", "az": "container"}
 # The variables each cloud is configured by, for an error's hint.
 _VARIABLES = {"s3": "AWS_*", "gs": "GOOGLE_* and STORAGE_EMULATOR_HOST", "az": "AZURE_STORAGE_*"}
 # Azurite's documented development account (public, the same on every machine).

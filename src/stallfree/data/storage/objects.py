@@ -22,7 +22,7 @@ from stallfree.data.storage.failures import (
     StoreError,
     StoreUnavailableError,
 )
-from stallfree.data.storage.locations import split_url
+from stallfree.data.storage.locations import BUCKET_WORD, split_url
 from stallfree.log import LOGGER
 
 _said = [0.0]  # when this process last said that the store is not answering
@@ -104,7 +104,7 @@ def _refused(url: str, op: str, failure: wire.Failure, probe: wire.Failure | Non
         return _error(url, op, probe)
     scheme, bucket, _ = split_url(url)
     if op in ("list", "any"):  # an existing bucket lists any prefix, even an empty one
-        missing = f"no such {clouds.BUCKET_WORD[scheme]} {bucket!r} (or no permission to list it)"
+        missing = f"no such {BUCKET_WORD[scheme]} {bucket!r} (or no permission to list it)"
         return _detailed(StoreError(f"{url}: {missing}"), failure)
     return _detailed(StoreError(f"{url}: the store refused the {op.upper()} request"), failure)
 
