@@ -308,7 +308,9 @@ def test_the_environment_holds_what_open_store_reads(bare: pytest.MonkeyPatch) -
 def test_a_url_without_its_bucket_says_each_stores_word(scheme: str, word: str) -> None:
     from stallfree.data.storage import StoreError, split_url
 
-    with pytest.raises(StoreError, match=rf"^{scheme}://: no {word} name; expected {scheme}://{word.upper()}/"):
+    with pytest.raises(
+        StoreError, match=rf"^{scheme}://: no {word} name; expected {scheme}://{word.upper()}/"
+    ):
         split_url(f"{scheme}://")
     with pytest.raises(CloudConfigError, match=rf"^{scheme}://: no {word} in the URL"):
         open_store(scheme, "")
