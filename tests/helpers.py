@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +19,12 @@ from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
 # The `python` of the end-to-end runs: the session's fork server, with torch imported already
 # (zygote.py); the real interpreter where a test is about a fresh one (its imports, its exit).
 PYTHON = str(Path(__file__).resolve().parent / "fastpython")
+# Fragments of obstore's own words (its error types' text, the HTTP client's, the credential
+# providers'): a store's error says what happened in ours, the client's goes to --verbose.
+CLIENT_WORDS = re.compile(
+    r"Generic |Error performing|HTTP error|error sending request|AwsLc|InvalidEncoding|"
+    r"resolve_deny|Debug source|Invalid Access Key"
+)
 
 
 class TensorLoader(ShardedLoader):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from PIL import Image
 from stallfree.cli import main
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.data.tools.check import check_dataset
+from stallfree.data.tools.pack import pack_dataset
 
 
 def _jpeg(size: tuple[int, int] = (40, 30)) -> bytes:
@@ -214,3 +216,52 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
     with pytest.warns(UserWarning, match=r"removed .*\.shards\.packing-.*interrupted"):
         assert main(["data", "pack", str(root), str(out), "--no-progress"]) == 0
     assert not list(tmp_path.glob(".shards.packing-*")) and (out / "manifest.json").is_file()
+
+
+def _foreign_shards(root: Path) -> Path:
+    """Other people's shards: ROOT/{train,val}/shard-N.tar, 4 samples each (KEY.jpg + KEY.cls)."""
+    for split, count in (("train", 3), ("val", 1)):
+        (root / split).mkdir(parents=True)
+        for part in range(count):
+            with tarfile.open(root / split / f"shard-{part}.tar", "w") as tar:
+                for i in range(4):
+                    for name, data in (
+                        (f"s{part}_{i}.jpg", _jpeg()),
+                        (f"s{part}_{i}.cls", str(i % 2).encode()),
+                    ):
+                        info = tarfile.TarInfo(name)
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+    return root
+
+
+@pytest.mark.e2e  # starts worker processes
+@pytest.mark.parametrize("kind", ["packed", "foreign"])
+def test_a_truncated_shard_is_named_once_and_the_other_shards_samples_are_checked(
+    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """One truncated shard of several: it counted "0 good, 2 bad files" (the root named as
+    the bad one, the shard's checksum as the other), no sample of the whole shards checked."""
+    root = tmp_path / "root"
+    if kind == "packed":
+        pack_dataset(image_root, root, shard_bytes=200_000, progress=False)
+    else:
+        _foreign_shards(root)
+    shards = sorted(root.rglob("*.tar"))
+    victim = next(s for s in shards if "train" in s.relative_to(root).as_posix() and s != shards[0])
+
+    def samples(shard: Path) -> int:
+        with tarfile.open(shard) as tar:
+            return sum(m.name.endswith(".cls") for m in tar)
+
+    total, lost = sum(map(samples, shards)), samples(victim)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    assert main(["data", "check", str(root), "--workers", "1", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert (
+        [line for line in out.splitlines() if line.startswith("BAD ")]
+        == [line for line in out.splitlines() if line.startswith(f"BAD {victim}:")]  # or `::member`
+        != []
+    ), out
+    assert f"{total - lost} good, 0 bad samples in {root} " in out, out
+    assert f"shards: {len(shards) - 1} good, 1 bad" in out, out

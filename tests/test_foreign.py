@@ -8,6 +8,7 @@ import io
 import re
 import tarfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -125,13 +126,21 @@ def _two_splits(root: Path) -> None:
         _shard(root / split / "a.tar", _samples([("k0000", 0), ("k0001", 1)]))
 
 
+def _all_decode(paths: list[str], *_: object, **__: object) -> list[str | None]:
+    """decode_all where every sample decodes: `data check` goes on to the other shards' samples
+    (in worker processes), which are not the subject where a shard is refused."""
+    return [None] * len(paths)
+
+
 def _refused_by_both_loaders_and_check(root: Path, needle: str, backend: str) -> None:
     recipe = small_recipe(root, data={"format": "tar"}, loader={"backend": backend})
     with pytest.raises(ShardError, match=needle) as caught:
         build_loader(recipe, "train", device=CPU)
     assert "\n" not in str(caught.value)  # one line
-    report = check_dataset(root, workers=1, progress=False)
-    assert report.bad and any(re.search(needle, reason) for _, reason in report.bad)
+    with mock.patch("stallfree.data.tools.check.decode_all", _all_decode):
+        report = check_dataset(root, workers=1, progress=False)
+    found = [*report.bad_shards, *report.bad]
+    assert found and any(re.search(needle, reason) for _, reason in found)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -168,5 +177,6 @@ def test_an_empty_or_disguised_shard_is_one_line_naming_it(
         content = gzip.compress(_shard(tmp_path / "x.tar", _samples([("k2", 0)])).read_bytes())
     bad.write_bytes(content)
     _refused_by_both_loaders_and_check(tmp_path, needle, backend)
+    monkeypatch.setattr("stallfree.data.tools.check.decode_all", _all_decode)
     rc = main(["data", "check", str(tmp_path), "--no-progress", "--workers", "1"])
     assert rc == 1

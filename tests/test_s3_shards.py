@@ -169,8 +169,8 @@ def test_data_check_names_a_changed_shard_in_the_store(s3_server, packed: Path) 
     data[-tarfile.RECORDSIZE - 1] ^= 0xFF  # in the zero padding: the same size, another SHA-256
     s3_server.client().put_object(Bucket=BUCKET, Key=f"changed/{shard.name}", Body=bytes(data))
     report = check_dataset(url, workers=1, progress=False)
-    assert [(str(p), r.split(":")[0]) for p, r in report.bad] == [(f"{url}/{shard.name}", "shard")]
-    assert "SHA-256 differs" in report.bad[0][1] and len(report.good) == 90
+    assert [str(p) for p, _ in report.bad_shards] == [f"{url}/{shard.name}"] and not report.bad
+    assert "SHA-256 differs" in report.bad_shards[0][1] and len(report.good) == 90
 
 
 @pytest.mark.parametrize("kind", ["packed", "foreign"])

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 import torch
 from emulators import environment
-from helpers import PYTHON, final_weights, small_recipe, train_until_logged
+from helpers import CLIENT_WORDS, PYTHON, final_weights, small_recipe, train_until_logged
 from s3_server import upload_tree
 
 from stallfree.cli import main
@@ -215,6 +215,7 @@ def test_a_store_that_stays_down_stops_the_run_at_its_last_step_and_resumes(
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert f"{url}/" in lines[0] and "the store did not answer" in lines[0], lines
     assert "(still after 2 s)" in lines[0] and "--resume auto" in lines[0], lines
+    assert not CLIENT_WORDS.search(err), err[-3000:]  # in our words, the endpoint named
     # The checkpoint is the last step taken: a resume trains no step twice.
     marker = json.loads((run / "preempted.json").read_text())
     state = load_checkpoint(Path(marker["checkpoint"]))

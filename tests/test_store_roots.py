@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import final_weights, small_recipe
+from helpers import CLIENT_WORDS, final_weights, small_recipe
 from s3_server import KEY_ID, SECRET
 
 from stallfree.cli import main
@@ -75,10 +75,10 @@ def local_weights(
     return weights
 
 
-def _train_cli(root: str, tmp_path: Path, fmt: str = "folder", backend: str = "torch") -> int:
+def _train_cli(root: str, tmp_path: Path, fmt: str = "folder", backend: str = "torch", *more: str) -> int:
     recipe_path = tmp_path / "r.toml"
     recipe_path.write_text(dump_toml(_recipe(root, fmt, backend)))
-    return main(["train", str(recipe_path), "--out", str(tmp_path / "run"), "--no-progress"])
+    return main(["train", str(recipe_path), "--out", str(tmp_path / "run"), "--no-progress", *more])
 
 
 @pytest.mark.slow
@@ -108,6 +108,7 @@ def _refused_at_start(root: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if url in line]
     assert len(lines) == 1 and "Traceback" not in err, err
+    assert not CLIENT_WORDS.search(err), err  # our words; the store client's go to --verbose
     assert not (tmp_path / "run").exists()
     return err
 
@@ -116,7 +117,7 @@ def _refused_at_start(root: str, tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     ("where", "expected"),
     [
-        ("no-such-bucket/data", r"no such (bucket|container) 'no-such-bucket'"),
+        ("no-such-bucket/data", r"no such {bucket} 'no-such-bucket'"),
         ("roots/missing", "no objects under this prefix"),
     ],
 )
@@ -125,7 +126,8 @@ def test_a_wrong_root_is_one_line_before_anything_is_written(
 ) -> None:
     root = f"{remote['scheme']}://{where}"
     err = _refused_at_start(root, tmp_path, capsys, f"{root}/train")
-    assert re.search(expected, err), err
+    bucket = "container" if remote["scheme"] == "az" else "bucket"  # each store's own word
+    assert re.search(expected.format(bucket=bucket), err), err
 
 
 @pytest.mark.e2e
@@ -177,4 +179,10 @@ def test_a_dead_endpoint_is_one_line_naming_the_url(
     for name, value in server.env().items():
         monkeypatch.setenv(name, value.replace(server.endpoint.split("/")[2], dead))
     root = f"{remote['scheme']}://deadend/data"
-    _refused_at_start(root, tmp_path, capsys, root)
+    err = _refused_at_start(root, tmp_path, capsys, root)
+    assert f"did not answer at http://{dead}" in err, err  # the endpoint it asked, and its setting
+    setting = {"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST", "az": "BlobEndpoint"}
+    assert setting[remote["scheme"]] in err, err
+    # --verbose adds the store client's own words, whole.
+    assert _train_cli(root, tmp_path, "folder", "torch", "--verbose") != 0
+    assert "error sending request" in capsys.readouterr().err

@@ -153,7 +153,7 @@ def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest
     data[2000] ^= 0xFF  # one byte inside an image: sizes and indexes stay right
     shard.write_bytes(bytes(data))
     assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 1
-    assert "val-000000.tar: shard: SHA-256 differs" in capsys.readouterr().out
+    assert f"BAD {shard}: SHA-256 differs" in capsys.readouterr().out
 
 
 @pytest.mark.e2e

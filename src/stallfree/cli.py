@@ -121,7 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
         "/dev/shm, cores, cache): OK / WARN / FAIL with the fix",
     )
     doctor.add_argument("--json", action="store_true", help="the checks as a JSON list")
+    _add_verbose(parser, False)
     return parser
+
+
+_VERBOSE_HELP = "say more: debug lines, and the libraries' own words behind an error"
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: object) -> None:
+    """--verbose before or after any (sub)command: a sub-parser's default is SUPPRESS, so
+    that it does not overwrite a --verbose given before the command."""
+    parser.add_argument("--verbose", action="store_true", default=default, help=_VERBOSE_HELP)
+    # argparse has no public walk over sub-parsers; these two names are stable since 3.2.
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in dict.fromkeys(action.choices.values()):  # aliases repeat a parser
+                _add_verbose(sub, argparse.SUPPRESS)
 
 
 def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
@@ -250,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:  # a bare `stallfree`: what it does and where to start
         parser.print_help()
         return 0
-    setup_logging(_rank())
+    setup_logging(_rank(), verbose=args.verbose)
     try:
         return COMMANDS[args.command](args)
     except StallfreeError as exc:
+        if exc.detail:  # a library's own words: under --verbose only
+            LOGGER.debug(f"the error's detail: {exc.detail}")
         if exc.same_on_every_rank and _local_rank() != 0:
             # The first rank of each node says it once (a node may lack what another has, so
             # not rank 0 alone). Waiting lets it do so: torchrun stops a node's ranks as soon as

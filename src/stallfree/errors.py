@@ -17,6 +17,8 @@ class StallfreeError(Exception):
 
     exit_code = 2
     hint = ""  # a fix that applies to every error of the class; the CLI prints it after the message
+    # A library's own words behind the error, whole: `--verbose` prints them, the message never.
+    detail = ""
     # Every rank of a node meets it alike (a recipe, a backend's name or import): the node's
     # first rank alone says it.
     same_on_every_rank = False

@@ -56,8 +56,9 @@ def show_progress(requested: bool) -> bool:
     return requested and sys.stderr.isatty()
 
 
-def setup_logging(rank: int = 0) -> None:
-    """Route stallfree's lines and Python warnings to stderr, for this process's rank."""
+def setup_logging(rank: int = 0, verbose: bool = False) -> None:
+    """Route stallfree's lines and Python warnings to stderr, for this process's rank
+    (`verbose`: debug lines too)."""
     tty = sys.stderr.isatty()
     handler = _Stderr(tty)
     where = f"[rank {rank}] " if rank else ""
@@ -69,7 +70,7 @@ def setup_logging(rank: int = 0) -> None:
         logger.handlers = [handler]
         logger.propagate = False
         # Rank 0 speaks for the job; every other rank only reports its own errors.
-        logger.setLevel(logging.INFO if rank == 0 else logging.ERROR)
+        logger.setLevel((logging.DEBUG if verbose else logging.INFO) if rank == 0 else logging.ERROR)
 
 
 _LIBPNG = re.compile(rb"libpng warning: (.*?)\s*$")

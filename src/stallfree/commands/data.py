@@ -113,4 +113,4 @@ def _data_check(args: argparse.Namespace) -> int:
     if args.write_list:
         Path(args.write_list).write_text(report.clean_list())
         print(f"wrote {len(report.good)} good files to {args.write_list} (use it as data.file_list)")
-    return 1 if report.bad else 0
+    return 1 if report.bad or report.bad_shards else 0

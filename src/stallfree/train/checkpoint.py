@@ -146,14 +146,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"Unsupported global: (\S+ \S+)", str(exc))
-        if found is None:  # torch's unpickler meets bytes that are no pickle it writes
+        unsafe = _unsafe_globals(path)
+        if not unsafe:  # torch's unpickler meets bytes that are no pickle it writes
             raise CheckpointError(
                 f"checkpoint {path} is truncated or corrupt (it does not unpickle)"
             ) from exc
         raise CheckpointError(
             f"checkpoint {path} holds objects outside the weights-only allow-list "
-            f"(tensors, dicts, lists, numbers, strings): {found.group(1)}; refusing to unpickle it"
+            f"(tensors, dicts, lists, numbers, strings): {', '.join(unsafe)}; refusing to unpickle it"
         ) from exc
     except Exception as exc:  # a damaged file fails in torch's readers in many ways (KeyError too)
         raise CheckpointError(
@@ -162,6 +162,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
     return upgrade(state, path)  # every reader sees the current format (train/ckpt_format.py)
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals of the checkpoint's pickle outside torch's weights-only allow-list, read by
+    torch's own scan (nothing is unpickled); none where the file is no pickle torch wrote."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # noqa: BLE001 - a damaged file fails its scan in many ways, as torch.load's
+        return []
 
 
 def _not_a_checkpoint(path: Path) -> str | None:

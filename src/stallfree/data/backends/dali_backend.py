@@ -26,7 +26,8 @@ from stallfree.data.backends.dali_graph import (
     draw_columns,
     image_pipeline,
 )
-from stallfree.data.backends.dali_probe import environment_problem, first_cause, first_undecodable
+from stallfree.data.backends.dali_probe import environment_problem, first_undecodable
+from stallfree.data.backends.dali_words import first_cause, says_out_of_memory
 from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
 from stallfree.data.readers.headers import read_bytes
@@ -377,15 +378,8 @@ def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
 
 
 def _is_memory_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return (
-        isinstance(exc, torch.OutOfMemoryError)
-        or "out of memory" in text
-        or "bad_alloc" in text
-        or "can't allocate" in text
-        or "cudaerrormemoryallocation" in text
-        or "cuda allocation failed" in text
-    )
+    # By type where torch has one; DALI's allocators raise RuntimeError (dali_words reads it).
+    return isinstance(exc, torch.OutOfMemoryError) or says_out_of_memory(str(exc))
 
 
 def build(spec: LoaderSpec) -> Loader:

@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import tempfile
 from typing import Any
 
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
+from stallfree.data.backends.dali_words import fell_back_to_cpu, first_cause, logged_causes, missing_library
 from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
-
-# What a missing library or a pipeline that cannot be built says: the environment's fault,
-# never an image's (every pipeline would fail, the first good JPEG would be blamed).
-_ENVIRONMENT = (
-    "dlopen",
-    "cannot open shared object",
-    "critical error when building pipeline",
-    "libnvimgcodec",
-    "failed to load nvjpeg",
-    "libnvjpeg",
-)
 
 
 class DaliEnvironmentError(StallfreeError, RuntimeError):
@@ -35,16 +24,16 @@ class DaliEnvironmentError(StallfreeError, RuntimeError):
 
 
 def environment_problem(text: str) -> DaliEnvironmentError | None:
-    """The environment error a DALI message reports, if it is one."""
-    lowered = _ANSI.sub("", text).lower()
-    if not any(needle in lowered for needle in _ENVIRONMENT):
+    """The environment error a DALI message reports, if it is one (dali_words tells)."""
+    missing = missing_library(text)
+    if not missing:
         return None
-    if "nvimgcodec" in lowered:
+    if missing == "nvimgcodec":
         what = (
             "DALI cannot load libnvimgcodec: install nvidia-nvimgcodec-cu13 (or -cu12, as "
             "DALI's CUDA) into the same tree as DALI"
         )
-    elif "nvjpeg" in lowered:
+    elif missing == "nvjpeg":
         what = (
             "DALI cannot load nvjpeg: install nvidia-nvjpeg (CUDA 13) or nvidia-nvjpeg-cu12 "
             "into the same tree as DALI"
@@ -52,27 +41,6 @@ def environment_problem(text: str) -> DaliEnvironmentError | None:
     else:
         what = f"the DALI pipeline cannot be built here: {first_cause(text)}"
     return DaliEnvironmentError(what)
-
-
-def first_cause(text: str) -> str:
-    """The line of a DALI error that says what went wrong, not where in DALI it happened."""
-    lines = [_ANSI.sub("", line).strip() for line in text.splitlines() if line.strip()]
-    skip = (
-        "Critical error in pipeline",
-        "Error in CPU operator",
-        "Error in MIXED operator",
-        "Error in GPU operator",
-        "Current pipeline object",
-        "Stacktrace",
-        "which was used",
-        "File ",
-        "encountered:",
-    )
-    useful = [line for line in lines if not line.startswith(skip)]
-    return (useful or lines or ["(no message)"])[0][:300]
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
@@ -120,13 +88,8 @@ def first_undecodable(paths: list[str]) -> tuple[str, str] | None:
             os.dup2(saved, 2)
             os.close(saved)
         log.seek(0)
-        logged = [
-            line
-            for line in log.read().decode(errors="replace").splitlines()
-            if "ERROR" in line or "rror" in line
-        ]
-    cause = first_cause(logged[-1]) if logged else first_cause(str(error))
-    return paths[done], re.sub(r"^\[ERROR[^\]]*\]\s*(\[\w+\]\s*)?", "", cause)
+        logged = logged_causes(log.read().decode(errors="replace"))
+    return paths[done], (logged[-1][:300] if logged else first_cause(str(error)))
 
 
 def probe_gpu_decode() -> tuple[bool, str]:
@@ -164,7 +127,7 @@ def probe_gpu_decode() -> tuple[bool, str]:
     if error is not None:
         problem = environment_problem(str(error))
         return False, str(problem) if problem else f"mixed decode failed: {first_cause(str(error))}"
-    fell_back = "fall" in said.lower() and "back" in said.lower() or "nvjpeg" in said.lower()
+    fell_back = fell_back_to_cpu(said)
     on_gpu = type(out).__name__ == "TensorListGPU"
     if fell_back or not on_gpu:
         return False, (

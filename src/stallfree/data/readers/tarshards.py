@@ -13,6 +13,7 @@ import json
 import os
 import tarfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,18 @@ class ShardError(DatasetError):
     """A shard, index or manifest that does not match; the message names the shard (and member)."""
 
     hint = "re-pack with `stallfree data pack`, or run `stallfree data check` on the shards"
+
+
+@dataclass(frozen=True)
+class ShardSamples:
+    """One shard as `data check` reads it: its samples' paths relative to the root (a listing's
+    tails) and labels, or the error that names why it cannot be read (then none)."""
+
+    split: str
+    shard: str | Path
+    tails: list[str]
+    labels: list[int]
+    error: ShardError | None = None
 
 
 def _safe(name: str) -> bool:
@@ -138,39 +151,75 @@ def _split_entries(
     root: str, split: str, info: dict[str, Any], classes: int, sizes: dict[str, int] | None
 ) -> list[tuple[str, list[Entry], list[int]]]:
     """Each shard of a split with its index entries and their manifest labels, checked cheaply."""
+    return [_shard_entries(root, split, s, info["labels"], classes, sizes) for s in info["shards"]]
+
+
+def _shard_entries(
+    root: str,
+    split: str,
+    shard_info: dict[str, Any],
+    labels: list[Any],
+    classes: int,
+    sizes: dict[str, int] | None,
+) -> tuple[str, list[Entry], list[int]]:
+    """One shard of the manifest with its index entries and their labels, checked cheaply."""
+    name = Path(shard_info["name"]).name  # a name, never a path out of root
+    shard = storage.join(root, name)
+    if sizes is not None:
+        size = sizes.get(name)
+    else:
+        size = os.stat(shard).st_size if os.path.isfile(shard) else None
+    if size is None:
+        raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
+    if size != shard_info.get("bytes"):
+        raise ShardError(
+            f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
+            "not the shard that was packed"
+        )
+    entries = read_index(shard)
+    if len(entries) != shard_info.get("samples"):
+        raise ShardError(
+            f"{_index_of(shard)}: {len(entries)} samples, the manifest says {shard_info.get('samples')}"
+        )
+    _check_placement(shard, entries, size)
+    shard_labels = []
+    for member, *_ in entries:
+        digits = member.partition(".")[0].removeprefix(split)
+        if not digits.isdigit() or int(digits) >= len(labels):
+            raise ShardError(f"{shard}::{member}: not a {split}NNN key of this manifest")
+        label = labels[int(digits)]
+        if not isinstance(label, int) or not 0 <= label < classes:
+            raise ShardError(f"{shard}::{member}: label {label!r} outside the manifest's {classes} classes")
+        shard_labels.append(label)
+    return shard, entries, shard_labels
+
+
+def samples_by_shard(root_text: str) -> tuple[tuple[str, ...], list[ShardSamples]]:
+    """Our shards at ROOT one by one (`data check`): (the classes, each shard's samples or its
+    error, with every member's header and `.cls` read back), so that one bad shard spoils only
+    itself. A manifest that cannot be read raises."""
+    root = str(Path(root_text)) if storage.open(root_text).is_local else root_text.rstrip("/")
+    manifest = _load_manifest(root)
+    classes = tuple(manifest["classes"])
+    sizes, _ = _sizes(root)
     out = []
-    labels = info["labels"]
-    for shard_info in info["shards"]:
-        name = Path(shard_info["name"]).name  # a name, never a path out of root
-        shard = storage.join(root, name)
-        if sizes is not None:
-            size = sizes.get(name)
-        else:
-            size = os.stat(shard).st_size if os.path.isfile(shard) else None
-        if size is None:
-            raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
-        if size != shard_info.get("bytes"):
-            raise ShardError(
-                f"{shard}: {size} bytes, the manifest says {shard_info.get('bytes')}: "
-                "not the shard that was packed"
-            )
-        entries = read_index(shard)
-        if len(entries) != shard_info.get("samples"):
-            raise ShardError(
-                f"{_index_of(shard)}: {len(entries)} samples, the manifest says {shard_info.get('samples')}"
-            )
-        _check_placement(shard, entries, size)
-        shard_labels = []
-        for name, *_ in entries:
-            digits = name.partition(".")[0].removeprefix(split)
-            if not digits.isdigit() or int(digits) >= len(labels):
-                raise ShardError(f"{shard}::{name}: not a {split}NNN key of this manifest")
-            label = labels[int(digits)]
-            if not isinstance(label, int) or not 0 <= label < classes:
-                raise ShardError(f"{shard}::{name}: label {label!r} outside the manifest's {classes} classes")
-            shard_labels.append(label)
-        out.append((shard, entries, shard_labels))
-    return out
+    for split in SPLITS:
+        info = manifest["splits"][split]
+        for shard_info in info["shards"]:
+            try:
+                shard, entries, labels = _shard_entries(
+                    root, split, shard_info, info["labels"], len(classes), sizes
+                )
+                verify_members(shard, entries, labels)
+            except ShardError as exc:
+                out.append(
+                    ShardSamples(split, storage.join(root, Path(shard_info["name"]).name), [], [], exc)
+                )
+                continue
+            name = shard.rpartition("/")[2]
+            tails = [storage.member_path(name, n, o, s) for n, o, s, _, _ in entries]
+            out.append(ShardSamples(split, shard, tails, labels))
+    return classes, out
 
 
 def _member_name(header: bytes) -> str:

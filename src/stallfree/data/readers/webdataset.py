@@ -20,7 +20,7 @@ from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cache_dir, stat_key, write_cache_file
-from stallfree.data.readers.tarshards import Entry, RangedFile, ShardError
+from stallfree.data.readers.tarshards import Entry, RangedFile, ShardError, ShardSamples
 from stallfree.errors import some_of
 
 # webdataset.tariterators (1.0), copied so the grouping is exactly its own: a member's key is
@@ -101,15 +101,19 @@ def _name(shard: Shard) -> str:
     return shard.name if isinstance(shard, Path) else shard.rpartition("/")[2]
 
 
+def _refuse_compressed(shard: Shard) -> None:
+    suffix = next((s for s in _COMPRESSED_NAMES if _name(shard).endswith(s)), None)
+    if suffix:
+        raise ShardError(
+            f"{shard} is a compressed shard; {_WHY_PLAIN}: decompress it in "
+            f"place (`{_COMPRESSED_NAMES[suffix]} {shard}`)"
+        )
+
+
 def _split_shards(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None) -> list[Shard]:
     shards = _shard_files(root, split, listed)
     for shard in shards:
-        suffix = next((s for s in _COMPRESSED_NAMES if _name(shard).endswith(s)), None)
-        if suffix:
-            raise ShardError(
-                f"{shard} is a compressed shard; {_WHY_PLAIN}: decompress it in "
-                f"place (`{_COMPRESSED_NAMES[suffix]} {shard}`)"
-            )
+        _refuse_compressed(shard)
     if not shards:
         raise DatasetError(
             f"{root} has no {split} shards: expected {root}/{split}/*.tar or {root}/{split}*.tar "
@@ -275,6 +279,29 @@ def _tail(root: Shard, shard: Shard) -> str:
     if isinstance(shard, Path):
         return str(shard.relative_to(root))
     return shard[len(str(root)) + 1 :]
+
+
+def samples_by_shard(root_text: str | Path) -> tuple[tuple[str, ...], list[ShardSamples]]:
+    """Foreign shards at ROOT one by one (`data check`): (the classes, by their number, each
+    shard's samples or its error), so that one bad shard spoils only itself."""
+    in_store = not storage.open(str(root_text)).is_local
+    root: Shard = str(root_text).rstrip("/") if in_store else Path(root_text)
+    listed = _listing(str(root)) if isinstance(root, str) else None
+    out = []
+    for split in SPLITS:
+        for shard in _shard_files(root, split, listed):
+            try:
+                _refuse_compressed(shard)
+                entries, labels, _ = shard_samples(
+                    shard, None if listed is None else listed[_tail(root, shard)]
+                )
+            except ShardError as exc:
+                out.append(ShardSamples(split, shard, [], [], exc))
+                continue
+            tails = [storage.member_path(_tail(root, shard), n, o, s) for n, o, s, _, _ in entries]
+            out.append(ShardSamples(split, shard, tails, labels))
+    top = max((max(s.labels) for s in out if s.labels), default=-1)
+    return tuple(str(i) for i in range(top + 1)), out
 
 
 def resolve_foreign(root_text: str | Path) -> Dataset:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import stallfree.data.storage.credentials as credentials
 import stallfree.data.storage.settings as settings
 from stallfree.data.storage.failures import StoreError
-from stallfree.data.storage.locations import SCHEMES
+from stallfree.data.storage.locations import BUCKET_WORD, SCHEMES
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -50,6 +51,9 @@ _GCS_CREDENTIALS = (
 _READS = ("AWS_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST", "GCE_METADATA_HOST", "CLOUDSDK_CONFIG")
 # Where Linux shows the machine's product name: "Google Compute Engine" on Google Cloud.
 _FIRMWARE_PRODUCT = Path("/sys/class/dmi/id/product_name")
+# And its chassis asset tag: this one on every Azure machine (as cloud-init tells Azure).
+_FIRMWARE_ASSET_TAG = Path("/sys/class/dmi/id/chassis_asset_tag")
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 
 
 class CloudConfigError(StoreError, ValueError):
@@ -79,17 +83,62 @@ def open_store(
         hint = f"; write {_SPELLINGS[scheme]}" if scheme in _SPELLINGS else ""
         raise CloudConfigError(f"{url}: unknown object store scheme (known: {known}){hint}")
     if not bucket:
-        raise CloudConfigError(f"{url}: no bucket in the URL; write {scheme}://bucket/prefix")
+        word = BUCKET_WORD[scheme]
+        raise CloudConfigError(f"{url}: no {word} in the URL; write {scheme}://{word}/prefix")
     try:
         from obstore.exceptions import BaseError
     except ImportError:
         raise CloudConfigError(f"{url}: object stores need obstore: pip install 'stallfree[s3]'") from None
     try:
         return _OPENERS[scheme](url, bucket, endpoint_url, dict(client_options or {}), retry_config)
-    except BaseError as exc:  # a setting obstore cannot use; its first line names which, not its value
-        raise CloudConfigError(
-            f"{url}: {str(exc).splitlines()[0]} (check the {_VARIABLES[scheme]} variables)"
-        ) from None
+    except BaseError as exc:  # a setting obstore cannot use: named in our words, its own kept
+        problem = _setting_problem(scheme) or (
+            f"obstore cannot use the {_VARIABLES[scheme]} settings (`stallfree --verbose` shows what it said)"
+        )
+        error = CloudConfigError(f"{url}: {problem}")
+        error.detail = f"{type(exc).__name__}: {exc}"
+        raise error from None
+
+
+def _setting_problem(scheme: str) -> str | None:
+    """Which setting obstore refused, where the files and variables show it."""
+    if scheme == "gs":
+        return credentials.service_account_problem(os.environ)
+    if scheme == "az":
+        return credentials.azure_key_problem(azure_config(os.environ), os.environ)
+    return None
+
+
+def endpoint_said(scheme: str) -> str:
+    """The endpoint a store of `scheme` is asked at, and what set it, for an error's words
+    ("http://127.0.0.1:9 (STORAGE_EMULATOR_HOST)"); never a credential."""
+    if scheme == "s3":
+        found = settings.s3_endpoint()
+        return f"{_bare(found)} (AWS_ENDPOINT_URL or data.endpoint_url)" if found else "AWS's S3 endpoint"
+    if scheme == "gs":
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if emulator:
+            return f"{_bare(emulator if '://' in emulator else f'http://{emulator}')} (STORAGE_EMULATOR_HOST)"
+        base = _service_account_base_url()
+        if base:
+            return f"{_bare(base)} (the service-account JSON's gcs_base_url)"
+        return "storage.googleapis.com"
+    try:
+        config = azure_config(os.environ)
+    except CloudConfigError:
+        config = {}
+    if config.get("endpoint"):
+        said = "AZURE_STORAGE_CONNECTION_STRING's BlobEndpoint or EndpointSuffix"
+        return f"{_bare(config['endpoint'])} ({said})"
+    account = config.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME", "ACCOUNT")
+    return f"{account}.blob.core.windows.net"
+
+
+def _bare(url: str) -> str:
+    """`url` without a user, password or query (which could hold a credential)."""
+    parts = urlsplit(url)
+    netloc = f"{parts.hostname or ''}:{parts.port}" if parts.port else parts.hostname or ""
+    return f"{parts.scheme}://{netloc}{parts.path}".rstrip("/")
 
 
 def environment() -> dict[str, str]:
@@ -193,6 +242,13 @@ def _gcs_credentials_found() -> bool:
         return False
 
 
+def _on_azure() -> bool:
+    try:
+        return _FIRMWARE_ASSET_TAG.read_text().strip() == AZURE_ASSET_TAG
+    except OSError:
+        return False
+
+
 def _service_account_base_url() -> str:
     """The `gcs_base_url` of the service-account JSON GOOGLE_SERVICE_ACCOUNT names (obstore's
     own way to an emulator, with `disable_oauth`): plain HTTP is allowed for such a URL alone."""
@@ -291,6 +347,15 @@ def _open_azure(
         raise CloudConfigError(
             f"{url}: no Azure storage account (set AZURE_STORAGE_CONNECTION_STRING, or "
             "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY)"
+        )
+    if not credentials.azure_signer_found(config, os.environ, _on_azure()):
+        # obstore would ask the instance metadata service for a managed identity's token: off
+        # Azure that request fails as if the store did not answer.
+        given = "AZURE_STORAGE_CONNECTION_STRING" if config else "AZURE_STORAGE_ACCOUNT_NAME"
+        raise CloudConfigError(
+            f"{url}: no Azure credentials: {given} names an account but no AccountKey or "
+            "SharedAccessSignature (add one, or set AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY; "
+            "a managed identity signs on an Azure machine only)"
         )
     if endpoint:
         config["endpoint"] = endpoint.rstrip("/")

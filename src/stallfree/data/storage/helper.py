@@ -70,7 +70,7 @@ class _Helper:
                 future.set_result(value) if ok else future.set_exception(value)
         self.alive = False
         for future in list(self.pending.values()):
-            future.set_exception(wire.Failure("invalid", "the store helper process exited"))
+            future.set_exception(wire.Failure("helper", "the store helper process exited"))
         self.pending.clear()
 
     def close(self) -> None:
@@ -92,7 +92,7 @@ class _Helper:
         except OSError:
             self.pending.pop(ident, None)
             self.alive = False
-            raise wire.Failure("invalid", "the store helper process exited") from None
+            raise wire.Failure("helper", "the store helper process exited") from None
         return future.result()
 
 

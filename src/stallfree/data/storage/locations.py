@@ -11,6 +11,8 @@ from stallfree.data.storage.failures import StoreError
 # az:// (adlfs, obstore) or https://ACCOUNT.blob.core.windows.net, and one spelling a store
 # keeps cache keys and listings from splitting in two.
 SCHEMES = ("s3", "gs", "az")
+# What each store calls the thing a URL's first part names.
+BUCKET_WORD = {"s3": "bucket", "gs": "bucket", "az": "container"}
 
 
 def scheme_of(location: str | os.PathLike[str]) -> str:
@@ -45,7 +47,8 @@ def split_url(url: str) -> tuple[str, str, str]:
     scheme = scheme_of(url)
     bucket, _, key = url[len(scheme) + 3 :].partition("/")
     if not scheme or not bucket:
-        raise StoreError(f"{url}: no bucket name; expected {scheme or 's3'}://BUCKET/PREFIX")
+        word = BUCKET_WORD.get(scheme, "bucket")
+        raise StoreError(f"{url}: no {word} name; expected {scheme or 's3'}://{word.upper()}/PREFIX")
     return scheme, bucket, key
 
 

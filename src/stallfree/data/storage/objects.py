@@ -11,6 +11,7 @@ import random
 import time
 from typing import Any
 
+import stallfree.data.storage.clouds as clouds
 import stallfree.data.storage.dispatch as dispatch
 import stallfree.data.storage.settings as settings
 import stallfree.data.storage.stalls as stalls
@@ -21,7 +22,7 @@ from stallfree.data.storage.failures import (
     StoreError,
     StoreUnavailableError,
 )
-from stallfree.data.storage.locations import split_url
+from stallfree.data.storage.locations import BUCKET_WORD, split_url
 from stallfree.log import LOGGER
 
 _said = [0.0]  # when this process last said that the store is not answering
@@ -33,19 +34,28 @@ def _where(url: str) -> tuple[tuple[str, str, str, float], str]:
     return (scheme, bucket, endpoint, settings.attempt_timeout()), key
 
 
-def _reason(failure: wire.Failure) -> str:
+def _reason(url: str, failure: wire.Failure) -> str:
+    """What `failure` means, in our words; the client's own are the error's `detail`."""
+    if failure.kind == "no_answer":
+        return f"the store did not answer at {clouds.endpoint_said(split_url(url)[0])}"
     return {
         "missing": "no such object",
         "denied": "access denied (wrong credentials, or no read permission)",
         "unauthenticated": "the store refused the credentials (wrong or expired ones)",
-        "no_answer": f"the store did not answer ({failure.detail})",
-    }.get(failure.kind, failure.detail)
+        "helper": "the store helper process exited (its error is above)",
+    }.get(failure.kind, "obstore refused to make the request (`stallfree --verbose` shows why)")
+
+
+def _detailed(error: StoreError, failure: wire.Failure) -> StoreError:
+    error.detail = failure.detail
+    return error
 
 
 def _error(url: str, op: str, failure: wire.Failure) -> StoreError:
     if failure.kind == "missing":
-        return (ObjectGoneError if op == "get" else NoSuchObjectError)(f"{url}: no such object")
-    return StoreError(f"{url}: {_reason(failure)}")
+        gone = (ObjectGoneError if op == "get" else NoSuchObjectError)(f"{url}: no such object")
+        return _detailed(gone, failure)
+    return _detailed(StoreError(f"{url}: {_reason(url, failure)}"), failure)
 
 
 def _probe(where: tuple[str, str, str, float], key: str) -> wire.Failure | None:
@@ -92,10 +102,11 @@ def request(url: str, op: str, *args: Any, patient: bool = True) -> Any:
 def _refused(url: str, op: str, failure: wire.Failure, probe: wire.Failure | None) -> StoreError:
     if probe is not None:  # the credentials, refused
         return _error(url, op, probe)
+    scheme, bucket, _ = split_url(url)
     if op in ("list", "any"):  # an existing bucket lists any prefix, even an empty one
-        bucket = split_url(url)[1]
-        return StoreError(f"{url}: no such bucket {bucket!r} (or no permission to list it)")
-    return StoreError(f"{url}: the store refused the request ({failure.detail})")
+        missing = f"no such {BUCKET_WORD[scheme]} {bucket!r} (or no permission to list it)"
+        return _detailed(StoreError(f"{url}: {missing}"), failure)
+    return _detailed(StoreError(f"{url}: the store refused the {op.upper()} request"), failure)
 
 
 def _wait_out(
@@ -124,7 +135,8 @@ def _wait_out(
             if failure.kind != "no_answer":
                 raise _error(url, op, failure) from None
             last = failure
-    raise StoreUnavailableError(f"{url}: {_reason(last)} (still after {budget:.0f} s)") from None
+    unavailable = StoreUnavailableError(f"{url}: {_reason(url, last)} (still after {budget:.0f} s)")
+    raise _detailed(unavailable, last) from None
 
 
 def _say_waiting(url: str, failure: wire.Failure, budget: float) -> None:
@@ -134,7 +146,7 @@ def _say_waiting(url: str, failure: wire.Failure, budget: float) -> None:
     if now - _said[0] >= 30:
         _said[0] = now
         LOGGER.warning(
-            f"{url}: {_reason(failure)}; the store is not answering: waiting up to {budget:.0f} s "
+            f"{url}: {_reason(url, failure)}; the store is not answering: waiting up to {budget:.0f} s "
             f"for it ({settings.OUTAGE_ENV})"
         )
 

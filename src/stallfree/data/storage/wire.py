@@ -11,6 +11,7 @@ directly; a reader thread (`enable_direct`, from inflight.ReaderPool) reads dire
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,13 +23,17 @@ import stallfree.data.storage.settings as settings
 
 # What a failed request means, by obstore's exception type: "missing" (404), "denied" (403),
 # "unauthenticated" (401), "no_answer" (connection refused or reset, a timeout, a 5xx, any
-# other error the store returned), "invalid" (a request obstore refused to make).
-KINDS = ("missing", "denied", "unauthenticated", "no_answer", "invalid")
+# other error the store returned), "invalid" (a request obstore refused to make); "helper"
+# (the store helper process exited).
+KINDS = ("missing", "denied", "unauthenticated", "no_answer", "invalid", "helper")
+# Signatures and tokens a URL in the client's words may carry (an Azure SAS, a presigned S3 URL).
+_SECRET_PARAMS = re.compile(r"(?i)\b(sig|x-amz-signature|x-amz-credential|x-amz-security-token)=[^&\s]+")
 
 
 @dataclass
 class Failure(Exception):
-    """A request that failed: its kind and the client's first line (no credentials in it)."""
+    """A request that failed: its kind and the client's words, whole (signatures hidden), for
+    `--verbose`; a message says the kind in ours."""
 
     kind: str
     detail: str
@@ -41,7 +46,7 @@ def classify(exc: BaseException) -> Failure:
     """The Failure an obstore exception means, by its type alone."""
     from obstore import exceptions as ox
 
-    line = (str(exc).splitlines() or [""])[0][:300]
+    line = _SECRET_PARAMS.sub(r"\1=(hidden)", f"{type(exc).__name__}: {exc}")
     if isinstance(exc, (FileNotFoundError, ox.NotFoundError)):
         return Failure("missing", line)
     if isinstance(exc, ox.PermissionDeniedError):

@@ -20,11 +20,11 @@ from stallfree.data import storage
 from stallfree.data.readers.decode_pool import decode_all
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
-from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError
+from stallfree.data.readers.listing import SPLITS, DatasetError
 from stallfree.data.readers.webdataset import is_shard_folder
 from stallfree.data.tools.pack import file_sha256
 from stallfree.parallel import cpu_cores
-from stallfree.recipe import DEFAULT_MAX_PIXELS, DataConfig
+from stallfree.recipe import DEFAULT_MAX_PIXELS
 
 # Problem kinds, in the order the summary lists them; `kind_of` maps a reason onto one.
 KINDS = (
@@ -78,6 +78,10 @@ class CheckReport:
     bad: list[tuple[Where, str]] = field(default_factory=list)
     per_class: Counter[str] = field(default_factory=Counter)
     per_class_bad: Counter[str] = field(default_factory=Counter)
+    # Shards (a shard root's): how many, and each one that is not whole with a line naming it.
+    shards: int = 0
+    bad_shards: list[tuple[Where, str]] = field(default_factory=list)
+    unreadable_shards: int = 0  # of the bad ones: those whose samples could not be listed
     seconds: float = 0.0
     max_pixels: int = DEFAULT_MAX_PIXELS
 
@@ -215,13 +219,24 @@ def _name_interrupted_pack(root: Path) -> None:
 
 
 def summary(report: CheckReport) -> str:
-    """The report as text: each bad file with its reason, then counts by kind and by class."""
-    lines = [f"BAD {path}: {reason}" for path, reason in report.bad]
+    """The report as text: each bad shard and file with its reason, then counts (of samples and
+    shards for shards, of files for folders) by kind and by class."""
+    lines = [f"BAD {line}" for _, line in report.bad_shards]  # a shard's error names it
+    lines += [f"BAD {path}: {reason}" for path, reason in report.bad]
     rate = len(report.good) / report.seconds if report.seconds else 0.0
+    what = "samples" if report.shards or report.bad_shards else "files"
     lines.append(
-        f"{len(report.good)} good, {len(report.bad)} bad files in {report.root} "
+        f"{len(report.good)} good, {len(report.bad)} bad {what} in {report.root} "
         f"({report.seconds:.1f} s, {rate:.0f} good images/s)"
     )
+    if what == "samples":
+        unread = report.unreadable_shards
+        said = f"{unread} cannot be read: their samples are not in the counts" if unread > 1 else ""
+        said = said or ("it cannot be read: its samples are not in the counts" if unread else "")
+        lines.append(
+            f"shards: {max(0, report.shards - len(report.bad_shards))} good, {len(report.bad_shards)} bad"
+            + (f" ({said})" if said else "")
+        )
     for kind, count in sorted(report.per_kind.items(), key=lambda kv: KINDS.index(kv[0])):
         lines.append(f"  {kind}: {count}")
     bad_classes = [c for c in sorted(report.per_class) if report.per_class_bad[c]]
@@ -230,64 +245,68 @@ def summary(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _checksum_problems(root: Where) -> list[tuple[Where, str]]:
+def _checksum_problems(root: Where) -> dict[str, str]:
+    """{shard: why} of every shard of our manifest whose SHA-256 is not the manifest's."""
     manifest_path = storage.join(str(root), "manifest.json")
     try:
-        text = storage.read(manifest_path).decode() if storage.exists(manifest_path) else ""
-        if not text:
-            return []  # other people's shards: no checksums to compare
-        manifest = json.loads(text)
+        manifest = json.loads(storage.read(manifest_path).decode())
         shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
     except (ValueError, KeyError, TypeError):
-        return []  # resolve_dataset names what is wrong with the manifest
-    problems: list[tuple[Where, str]] = []
+        return {}  # samples_by_shard names what is wrong with the manifest
+    problems: dict[str, str] = {}
     present = storage.list_objects(root) if isinstance(root, str) else None
     for entry in shards:
         name = Path(str(entry.get("name", ""))).name
         shard: Where = storage.join(root, name) if isinstance(root, str) else root / name
         found = name in present if present is not None else Path(shard).is_file()
         if found and file_sha256(shard) != entry.get("sha256"):
-            problems.append(
-                (
-                    shard,
-                    "shard: SHA-256 differs from the manifest's: not the shard "
-                    "that was packed (re-pack, or restore it)",
-                )
+            problems[str(shard)] = (
+                f"{shard}: SHA-256 differs from the manifest's: not the shard that was packed "
+                "(re-pack, or restore it)"
             )
     return problems
 
 
 def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
-    """Check the shards at ROOT whole; every problem names the shard (and member).
+    """Check the shards at ROOT whole, one by one: a shard that cannot be read is named and
+    the others' samples are still checked; every problem names the shard (and member).
 
     For shards of `stallfree data pack`: every shard's SHA-256 against the manifest, the
     structure and every `.cls` against the manifest's labels (what a start checks once), and
     every member decoded. For other WebDataset shards: the labels read from `.cls` and every
     member decoded.
     """
-    from stallfree.data.readers.folders import resolve_dataset  # ours or other people's shards
+    from stallfree.data.readers import tarshards, webdataset
 
     report = CheckReport(root=root, max_pixels=max_pixels)
     started = time.perf_counter()
-    report.bad += _checksum_problems(root)
+    ours = storage.exists(storage.join(str(root), tarshards.MANIFEST))
     try:
-        dataset: Dataset = resolve_dataset(DataConfig(root=str(root), format="tar"))
-    except (DatasetError, storage.StoreError) as exc:  # a shard that cannot be read is named too
-        report.bad.append((root, f"shard: {exc}"))
+        classes, shards = (tarshards if ours else webdataset).samples_by_shard(str(root))
+    except (DatasetError, storage.StoreError) as exc:  # the root as a whole: no manifest, no shards
+        report.bad_shards.append((root, str(exc)))
+        report.unreadable_shards = 1
         report.seconds = time.perf_counter() - started
         return report
-    for split in SPLITS:
-        listing = dataset.splits[split]
-        paths = listing.files
-        reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root} {split}", progress=progress)
-        for path, label, reason in zip(paths, listing.labels.tolist(), reasons):
-            name = f"{split}/{dataset.classes[label]}"
-            report.per_class[name] += 1
-            where: Where = Path(path) if storage.open(path).is_local else path
-            if reason is None:
-                report.good.append(where)
-            else:
-                report.bad.append((where, reason))
-                report.per_class_bad[name] += 1
+    changed = _checksum_problems(root) if ours else {}
+    paths: list[str] = []
+    names: list[str] = []
+    for item in shards:
+        report.shards += 1
+        reason = str(item.error) if item.error else changed.get(str(item.shard))
+        if reason is not None:
+            report.bad_shards.append((item.shard, reason))
+        report.unreadable_shards += item.error is not None
+        paths += [f"{root}/{tail}" for tail in item.tails]
+        names += [f"{item.split}/{classes[label]}" for label in item.labels]
+    reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root}", progress=progress)
+    for path, name, reason in zip(paths, names, reasons, strict=True):
+        report.per_class[name] += 1
+        where: Where = Path(path) if storage.open(path).is_local else path
+        if reason is None:
+            report.good.append(where)
+        else:
+            report.bad.append((where, reason))
+            report.per_class_bad[name] += 1
     report.seconds = time.perf_counter() - started
     return report
