@@ -1,0 +1,182 @@
+"""The header check's fast path: a JPEG's first bytes, walked as PIL walks them.
+
+PIL's own header parse costs ~100-300 us a file, and most of it is Python object set-up; at
+ImageNet scale that is minutes before step 1. This walk reads the first few KiB and answers one
+of two things: the file passes `imageio.check_header` for certain (every segment or chunk is
+one PIL parses without an error, and none of the rules refuses it), or "ask PIL". It never
+refuses a file itself, so a refusal and its reason are always PIL's and the rules' own; what
+it must never do is pass a file that the check would refuse (tests/test_fast_headers.py holds
+that on the odd, crafted and Pillow test images).
+
+JPEG only: today's check of a PNG reads its EXIF, which PIL finds by decoding the whole image
+(an eXIf chunk may follow the pixels), so a truncated PNG is refused at start; a header walk
+cannot give that verdict, and PIL keeps every other format.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+
+from stallfree.data import storage
+from stallfree.data.storage.locations import MEMBER_SEP
+
+ASK = -1  # PIL decides
+PASS = 0  # the header check passes the file
+FIRST_READ = 4096  # bytes: a typical web JPEG's header segments fit; a camera's grow the read
+
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_JPEG_SKIPPED = frozenset({0xC4, 0xCC, 0xDC, 0xDD, 0xDF, 0xFE})  # PIL reads and ignores these
+_EXIF = b"Exif\x00\x00"
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first `size` bytes of a file, an object (one ranged GET) or a tar member."""
+    if MEMBER_SEP in path or "://" in path:
+        return storage.read_sample(path, size)
+    fd = os.open(path, os.O_RDONLY)  # a local file: no file object, no storage dispatch
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
+def passes(path: str, max_pixels: int) -> bool:
+    """Whether the header check passes `path` for certain, from its first bytes; False: ask PIL
+    (which may pass it too)."""
+    asked = FIRST_READ
+    try:
+        head = read_head(path, asked)
+        if not head.startswith(b"\xff\xd8\xff"):
+            return False
+        while (verdict := jpeg_verdict(head, max_pixels)) > PASS and len(head) == asked:
+            asked = max(verdict, 4 * asked)  # longer header segments (EXIF, ICC, XMP)
+            head = read_head(path, asked)
+    except OSError:
+        return False  # PIL opens it again and names the error
+    return verdict == PASS
+
+
+def jpeg_verdict(head: bytes, max_pixels: int) -> int:
+    """PASS, ASK, or how many bytes to read to decide, for a JPEG's first bytes.
+
+    Mirrors JpegImagePlugin's `_open` (Pillow 13): every segment up to the scan has a length and
+    a handler that cannot fail on it, one SOF of 8-bit samples in 1, 3 or 4 components, and
+    the rules' walk (`headers.jpeg_header_walk`: no junk between segments, one EXIF block).
+    """
+    pos, size, sof, exif, dpi = 2, len(head), b"", b"", False
+    icc: list[bytes] = []
+    while True:
+        if pos + 4 > size:
+            return pos + 4
+        if head[pos] != 0xFF:
+            return ASK
+        marker = head[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        start, pos = pos + 4, pos + 2 + (head[pos + 2] << 8 | head[pos + 3])
+        if pos < start:
+            return ASK
+        if pos > size:
+            return pos
+        if marker in _JPEG_SKIPPED:  # the common case first: Huffman tables
+            continue
+        if marker == 0xDA:
+            break
+        body = head[start:pos]
+        if 0xE0 <= marker <= 0xEF:
+            if marker == 0xE1 and body.startswith(_EXIF):
+                if exif:
+                    return ASK  # two EXIF blocks: the rules refuse it, in PIL's words
+                exif = body
+            elif not _app_is_plain(marker, body):
+                return ASK
+            elif marker == 0xE0 and body.startswith(b"JFIF"):
+                dpi = dpi or (len(body) >= 12 and body[7] in (1, 2))
+            elif marker == 0xE2 and body.startswith(b"ICC_PROFILE\x00"):
+                icc.append(body)
+        elif marker in _JPEG_SOF:
+            if sof or (icc and len(min(icc)) < 14):  # a second SOF; a fragment PIL indexes past
+                return ASK
+            sof, icc = body, []
+        elif marker != 0xDB or not _dqt_ok(body):
+            return ASK  # a marker PIL reads no length for (RSTn, EOI, JPGn...), DHP, a bad DQT
+    if len(sof) < 6 or sof[0] != 8 or sof[5] not in (1, 3, 4):
+        return ASK
+    height, width = struct.unpack(">HH", sof[1:5])
+    if not 0 < width * height <= max_pixels:
+        return ASK
+    if exif and not dpi and not _exif_dpi_reads(exif):
+        return ASK
+    return PASS
+
+
+def _app_is_plain(marker: int, body: bytes) -> bool:
+    """Whether PIL's APP handler reads this segment without an error or a format change."""
+    if marker == 0xE0 and body.startswith(b"JFIF"):
+        return len(body) >= 7
+    if marker == 0xEE and body.startswith(b"Adobe"):
+        return len(body) >= 7
+    if marker == 0xE2 and body.startswith(b"MPF\x00"):
+        return False  # maybe an MPO: PIL's to read
+    if marker == 0xED and body.startswith(b"Photoshop 3.0\x00"):
+        return _photoshop_reads(body)
+    return True
+
+
+def _photoshop_reads(body: bytes) -> bool:
+    """Whether PIL's walk of a Photoshop block (8BIM resources) gets through it: a short read
+    ends the walk quietly (struct.error), an index past the end (a name length) fails it."""
+    offset = 14
+    try:
+        while body[offset : offset + 4] == b"8BIM":
+            (code,) = struct.unpack_from(">H", body, offset + 4)
+            offset += 6
+            if offset >= len(body):
+                return False
+            offset += 1 + body[offset]
+            offset += offset & 1
+            (size,) = struct.unpack_from(">I", body, offset)
+            offset += 4
+            if code == 0x03ED and len(body[offset : offset + size]) < 14:
+                return True  # PIL's resolution read stops the walk here
+            offset += size + ((offset + size) & 1)
+    except struct.error:
+        return True
+    return True
+
+
+def _dqt_ok(body: bytes) -> bool:
+    """PIL's DQT loop: every table whole."""
+    while body:
+        length = 65 if body[0] < 16 else 129
+        if len(body) < length:
+            return False
+        body = body[length:]
+    return True
+
+
+def _exif_dpi_reads(exif: bytes) -> bool:
+    """Whether `JpegImageFile._read_dpi_from_exif` gets through this EXIF block: PIL reads the
+    resolution from it when the JFIF segment gives none, and only some errors are caught."""
+    from PIL import Image
+
+    data = Image.Exif()
+    try:
+        data.load(exif)
+        unit, resolution = data[0x0128], data[0x011A]
+        try:
+            dpi = float(resolution[0]) / resolution[1]
+        except TypeError:
+            dpi = resolution
+        if math.isnan(dpi):
+            raise ValueError(dpi)
+        if unit == 3:
+            dpi *= 2.54
+    except (struct.error, KeyError, SyntaxError, TypeError, ValueError, ZeroDivisionError):
+        return True  # caught by PIL too: the default dpi
+    except Exception:  # noqa: BLE001 - anything else fails PIL's open: ask PIL for its words
+        return False
+    return True
