@@ -1,5 +1,8 @@
-"""Fully decoding many files, `workers` at a time, each worker an interpreter of its own: the
-start-up check under data.on_error = "skip" and `stallfree data check`.
+"""Checking many files, `workers` at a time, each worker an interpreter of its own: every
+header at start (`check_headers`), and the full decode of the start-up check under
+data.on_error = "skip" and of `stallfree data check` (`decode_all`).
+
+PIL's parse holds the GIL, so threads check no faster on 64 cores than on one; interpreters do.
 
 The workers are started by exec (subprocess), never forked: a fork copies this process as its
 other threads leave it, and a loader's reader threads (importing PIL's plugins, say) or
@@ -10,11 +13,13 @@ obstore's may hold a lock that the child then waits on forever. multiprocessing'
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, cast
@@ -22,13 +27,16 @@ from typing import IO, cast
 from tqdm import tqdm
 
 from stallfree.errors import StallfreeError
+from stallfree.parallel import cpu_cores
 
-CHUNK = 16  # files a message: small enough to keep every worker busy to the end
+CHUNK = 16  # files a decode message: small enough to keep every worker busy to the end
+HEADER_CHUNK = 2048  # files a header message: ~50 ms of work, so pickling is noise
+IN_PROCESS_BELOW = 20_000  # headers: fewer files are checked faster than workers start
 _SRC = str(Path(__file__).resolve().parents[3])  # the folder holding this stallfree package
-_SERVE = "from stallfree.data.readers.decode_pool import serve; serve()"
+_SERVE = "from stallfree.data.readers.check_pool import serve; serve()"
 
 
-class DecodeWorkerError(StallfreeError):
+class CheckWorkerError(StallfreeError):
     """A worker interpreter that could not start (its own error is on stderr above)."""
 
 
@@ -37,13 +45,13 @@ class _Died(Exception):
 
 
 class _Worker:
-    """One decoding interpreter: sent lists of paths, it answers each with their reasons."""
+    """One checking interpreter: sent lists of paths, it answers each with their reasons."""
 
-    def __init__(self, max_pixels: int) -> None:
+    def __init__(self, job: str, max_pixels: int) -> None:
         # This very package, whatever the worker's sys.path would find first.
         path = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, str(max_pixels)],
+            [sys.executable, "-c", _SERVE, job, str(max_pixels)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
@@ -52,12 +60,12 @@ class _Worker:
             pickle.load(cast(IO[bytes], self.proc.stdout))
         except (OSError, EOFError, pickle.UnpicklingError):
             self.close()
-            raise DecodeWorkerError(
+            raise CheckWorkerError(
                 f"the image check's worker ({sys.executable}) exited with code "
                 f"{self.proc.returncode} before it started: its error is printed above"
             ) from None
 
-    def decode(self, paths: list[str]) -> list[str | None]:
+    def check(self, paths: list[str]) -> list[str | None]:
         try:
             pickle.dump(paths, cast(IO[bytes], self.proc.stdin))
             cast(IO[bytes], self.proc.stdin).flush()
@@ -80,20 +88,68 @@ class _Worker:
             self.proc.wait()
 
 
-def _decoded(paths: list[str], max_pixels: int, worker: _Worker) -> list[str | None]:
-    """Each file's reason; when the worker dies on the chunk, its files one by one, each in a
-    fresh worker: the one that kills it is named bad, and the rest are still checked."""
+def _checked(paths: list[str], job: str, max_pixels: int, worker: _Worker) -> list[str | None]:
+    """Each file's reason; when the worker dies on the chunk, each half in a fresh worker, down
+    to the file that kills it, which is named bad: the rest are still checked."""
     try:
-        return worker.decode(paths)
+        return worker.check(paths)
     except _Died as died:
         if len(paths) == 1:
             return [f"the decoder crashed on it ({died})"]
     reasons: list[str | None] = []
-    for path in paths:
-        alone = _Worker(max_pixels)
-        reasons += _decoded([path], max_pixels, alone)
-        alone.close()
+    for half in (paths[: len(paths) // 2], paths[len(paths) // 2 :]):
+        alone = _Worker(job, max_pixels)
+        try:
+            reasons += _checked(half, job, max_pixels, alone)
+        finally:
+            alone.close()
     return reasons
+
+
+def check_all(
+    paths: Iterable[str],
+    job: str,
+    max_pixels: int,
+    workers: int,
+    *,
+    chunk: int,
+    bar: tqdm,
+) -> list[tuple[int, str, str]]:
+    """(index, path, reason) of each file of `paths` that fails `job` ("headers" or "decode"),
+    in file order, checked in `workers` worker interpreters. `paths` is read `chunk` at a time
+    (a lazy listing of millions is never one list)."""
+    source = iter(paths)
+    chunks = enumerate(iter(lambda: list(itertools.islice(source, chunk)), []))
+    found: list[tuple[int, str, str]] = []
+    lock, stop = threading.Lock(), threading.Event()
+
+    def drive() -> None:  # one thread per worker: sends it chunks until none is left
+        worker: _Worker | None = None
+        try:
+            while not stop.is_set():
+                with lock:
+                    number, part = next(chunks, (0, []))
+                if not part:
+                    return
+                if worker is None or worker.proc.returncode is not None:  # none yet, or it died
+                    worker = _Worker(job, max_pixels)
+                reasons = _checked(part, job, max_pixels, worker)
+                bad = [(number * chunk + i, part[i], r) for i, r in enumerate(reasons) if r]
+                with lock:
+                    found.extend(bad)
+                bar.update(len(part))
+        finally:
+            if worker is not None:
+                worker.close()
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        try:
+            for done in [pool.submit(drive) for _ in range(max(1, workers))]:
+                done.result()
+        except BaseException:  # Ctrl-C, or a worker that cannot start: the others stop too
+            stop.set()
+            raise
+    return sorted(found)
 
 
 def decode_all(
@@ -101,43 +157,42 @@ def decode_all(
 ) -> list[str | None]:
     """Fully decode `paths` in `workers` worker interpreters: the reason each one fails, or None."""
     reasons: list[str | None] = [None] * len(paths)
-    starts = iter(range(0, len(paths), CHUNK))
-    lock, stop = threading.Lock(), threading.Event()
-
-    def drive(bar: tqdm) -> None:  # one thread per worker: sends it chunks until none is left
-        worker: _Worker | None = None
-        try:
-            while not stop.is_set():
-                with lock:
-                    start = next(starts, None)
-                if start is None:
-                    return
-                if worker is None or worker.proc.returncode is not None:  # none yet, or it died
-                    worker = _Worker(max_pixels)
-                part = paths[start : start + CHUNK]
-                reasons[start : start + len(part)] = _decoded(part, max_pixels, worker)
-                bar.update(len(part))
-        finally:
-            if worker is not None:
-                worker.close()
-
     count = max(1, min(workers, -(-len(paths) // CHUNK)))
     with tqdm(total=len(paths), unit="img", desc=desc, disable=not progress) as bar:
-        with ThreadPoolExecutor(count) as pool:
-            try:
-                for done in [pool.submit(drive, bar) for _ in range(count)]:
-                    done.result()
-            except BaseException:  # Ctrl-C, or a worker that cannot start: the others stop too
-                stop.set()
-                raise
+        for index, _, reason in check_all(paths, "decode", max_pixels, count, chunk=CHUNK, bar=bar):
+            reasons[index] = reason
     return reasons
+
+
+def check_headers(
+    paths: Iterable[str], count: int, max_pixels: int, workers: int, *, progress: bool
+) -> list[tuple[str, str]]:
+    """(path, reason) of each of the `count` files of `paths` whose header check fails, in file
+    order: in `workers` worker interpreters, or in this one for fewer than IN_PROCESS_BELOW."""
+    from stallfree.data.readers.imageio import bad_headers
+
+    if count < IN_PROCESS_BELOW or workers <= 1:
+        return [(e.path, e.reason) for e in bad_headers(paths, max_pixels)]
+    count_workers = max(1, min(workers, -(-count // HEADER_CHUNK)))
+    desc = "checking image headers"
+    with tqdm(total=count, unit="img", desc=desc, disable=not progress) as bar:
+        found = check_all(paths, "headers", max_pixels, count_workers, chunk=HEADER_CHUNK, bar=bar)
+    return [(path, reason) for _, path, reason in found]
+
+
+def cpu_budget(local_ranks: int) -> int:
+    """This rank's share of the cores it may run on: the worker interpreters it starts (no cap:
+    a 64-core node checks on 64)."""
+    return max(1, cpu_cores() // max(1, local_ranks))
 
 
 def serve() -> None:
     """A worker's loop: a pickled list of paths in, the list of their reasons out, until EOF."""
-    from stallfree.data.readers.imageio import BadImageError, open_rgb
+    from stallfree.data.readers.imageio import header_problem, register_plugins, rgb_problem
 
-    max_pixels = int(sys.argv[1])
+    job, max_pixels = sys.argv[1], int(sys.argv[2])
+    problem = header_problem if job == "headers" else rgb_problem
+    register_plugins()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a decoder's stray output goes to stderr, never into the replies
     requests = sys.stdin.buffer
@@ -148,12 +203,5 @@ def serve() -> None:
             paths: list[str] = pickle.load(requests)
         except EOFError:
             return
-        answer: list[str | None] = []
-        for path in paths:
-            try:
-                open_rgb(path, max_pixels)
-                answer.append(None)
-            except BadImageError as exc:
-                answer.append(exc.reason)
-        pickle.dump(answer, replies)
+        pickle.dump([problem(path, max_pixels) for path in paths], replies)
         replies.flush()

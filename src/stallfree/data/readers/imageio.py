@@ -23,6 +23,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from stallfree.data import storage
 from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
+from stallfree.data.readers.fast_headers import passes
 from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
@@ -147,11 +148,8 @@ def bad_headers(
     """
 
     def problem(path: str) -> BadImageError | None:
-        try:
-            check_header(path, max_pixels)
-        except BadImageError as exc:
-            return exc
-        return None
+        reason = header_problem(path, max_pixels)
+        return None if reason is None else BadImageError(path, reason)
 
     found: list[BadImageError] = []
     paths = iter(paths)
@@ -159,6 +157,26 @@ def bad_headers(
         while chunk := list(itertools.islice(paths, 16_384)):
             found += [e for e in pool.map(problem, chunk, chunksize=64) if e is not None]
     return found
+
+
+def header_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why `check_header` refuses `path`, or None: the fast walk first, PIL when it asks."""
+    if passes(path, max_pixels):
+        return None
+    try:
+        check_header(path, max_pixels)
+    except BadImageError as exc:
+        return exc.reason
+    return None
+
+
+def rgb_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why `open_rgb` (the full decode) fails on `path`, or None."""
+    try:
+        open_rgb(path, max_pixels).close()
+    except BadImageError as exc:
+        return exc.reason
+    return None
 
 
 def open_lazy(
