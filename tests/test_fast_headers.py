@@ -17,6 +17,7 @@ from helpers import exif_block, jpeg_with_segments
 from PIL import Image
 from test_check import _odd_files
 from test_pillow_corpus import pillow_images  # noqa: F401 - the corpus fixture, downloaded once
+from tqdm import tqdm
 
 from stallfree.data.readers import check_pool
 from stallfree.data.readers.fast_headers import passes
@@ -148,7 +149,7 @@ def test_a_worker_that_dies_on_a_chunk_has_the_file_that_kills_it_named(
 
         def check(self, paths: list[str]) -> list[str | None]:
             if "kills" in paths:
-                raise check_pool._Died("exit code -11")
+                raise check_pool.WorkerDied("exit code -11")
             return ["bad" if p == "bad" else None for p in paths]
 
         def close(self) -> None:
@@ -156,6 +157,6 @@ def test_a_worker_that_dies_on_a_chunk_has_the_file_that_kills_it_named(
 
     monkeypatch.setattr(check_pool, "_Worker", Fake)
     chunk = ["a", "bad", "c", "kills", "e", "f", "g", "h"]
-    reasons = check_pool._checked(chunk, "decode", 10, Fake("decode", 10))
-    assert reasons == [None, "bad", None, "the decoder crashed on it (exit code -11)", None, None, None, None]
+    found = check_pool.check_all(chunk, "decode", 10, 1, chunk=8, bar=tqdm(disable=True))
+    assert found == [(1, "bad", "bad"), (3, "kills", "the decoder crashed on it (exit code -11)")]
     assert len(started) <= 1 + 2 * 3  # log2(8) halvings, not one worker per file

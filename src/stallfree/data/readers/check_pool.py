@@ -40,7 +40,7 @@ class CheckWorkerError(StallfreeError):
     """A worker interpreter that could not start (its own error is on stderr above)."""
 
 
-class _Died(Exception):
+class WorkerDied(Exception):
     """A worker ended before it answered (a decoder crashed it, or it was killed)."""
 
 
@@ -72,7 +72,7 @@ class _Worker:
             return cast(list[str | None], pickle.load(cast(IO[bytes], self.proc.stdout)))
         except (OSError, EOFError, pickle.UnpicklingError):
             self.close()
-            raise _Died(f"exit code {self.proc.returncode}") from None
+            raise WorkerDied(f"exit code {self.proc.returncode}") from None
 
     def close(self) -> None:
         for pipe in (self.proc.stdin, self.proc.stdout):
@@ -93,7 +93,7 @@ def _checked(paths: list[str], job: str, max_pixels: int, worker: _Worker) -> li
     to the file that kills it, which is named bad: the rest are still checked."""
     try:
         return worker.check(paths)
-    except _Died as died:
+    except WorkerDied as died:
         if len(paths) == 1:
             return [f"the decoder crashed on it ({died})"]
     reasons: list[str | None] = []
