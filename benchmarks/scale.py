@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,9 @@ def _child(args: argparse.Namespace) -> None:
     """One measurement in a fresh process; prints one JSON line."""
     import torch
 
-    from stallfree.data.build import build_loader
-    from stallfree.data.readers.folders import resolve_dataset
+    from stallfree.parallel import DistInfo
     from stallfree.recipe import recipe_from_dict
+    from stallfree.train.prepare import prepare_recipe
 
     base = _rss_mb()
     started = time.perf_counter()
@@ -105,7 +106,10 @@ def _child(args: argparse.Namespace) -> None:
             "loader": {"backend": "torch", "torch": {"workers": args.workers}},
         }
     )
-    dataset = resolve_dataset(recipe.data)
+    # As a run starts (train/run.py): the recipe resolved, the dataset listed once, then the loader.
+    ctx = prepare_recipe(recipe, DistInfo(), torch.device("cpu")).with_dataset()
+    assert ctx.dataset is not None  # data.root is set
+    dataset = ctx.dataset
     listed = time.perf_counter()
     result: dict[str, Any] = {
         "n": len(dataset.splits["train"]),
@@ -114,7 +118,7 @@ def _child(args: argparse.Namespace) -> None:
         "listing_mb": dataset.splits["train"].nbytes() / 1e6,
     }
     if not args.list_only:
-        loader = build_loader(recipe, "train", device=torch.device("cpu"), dataset=dataset)
+        loader = ctx.with_loader_counts().loader("train")
         checked = time.perf_counter()
         batches = iter(loader)
         next(batches)
@@ -161,6 +165,7 @@ def main() -> None:
     p.add_argument("--list-classes", type=int, default=21_841)
     p.add_argument("--work", default="/tmp/stallfree-scale")
     p.add_argument("--out", default="")
+    p.add_argument("--smoke", action="store_true", help="a few hundred files in a temp folder: seconds")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--root", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
@@ -169,10 +174,20 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         _child(args)
-        return
+    elif args.smoke:  # every measurement once, at sizes past one batch of 64
+        with tempfile.TemporaryDirectory(prefix="scale-smoke-") as tmp:
+            vars(args).update(sizes="256", classes=4, listing_only=256, list_classes=8, work=tmp)
+            run(args, baseline=128)
+    else:
+        run(args, baseline=BASELINE)
+
+
+def run(args: argparse.Namespace, baseline: int) -> None:
+    """Each size's row (`baseline` first, the others' growth per sample against it), then the
+    listing-only row; printed, and written to OUT/scale.json."""
     work = Path(args.work)
     rows: list[dict[str, Any]] = []
-    sizes = [BASELINE] + [int(s) for s in args.sizes.split(",") if s]
+    sizes = [baseline] + [int(s) for s in args.sizes.split(",") if s]
     base: dict[str, Any] = {}
     for n in sizes:
         t0 = time.perf_counter()
@@ -182,39 +197,41 @@ def main() -> None:
         first = measure(root, cache=cache)
         second = measure(root, cache=cache)
         row = {"n": n, "make_s": made, "first": first, "second": second}
-        if n == BASELINE:
+        if n == baseline:
             base = second
         else:
             row["bytes_per_sample_main"] = _per_sample(second, base, "rss_main_mb")
             row["bytes_per_sample_listing"] = _per_sample(second, base, "rss_listed_mb")
             row["bytes_per_sample_worker"] = max(
-                (w - b) * 1e6 / (n - BASELINE)
+                (w - b) * 1e6 / (n - baseline)
                 for w, b in zip(second["rss_workers_mb"], base["rss_workers_mb"])
             )
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.listing_only:
-        n = args.listing_only
-        lists = work / "file-list"
-        t0 = time.perf_counter()
-        path = make_file_list(lists, n, args.list_classes)
-        made = time.perf_counter() - t0
-        small = make_file_list(lists, BASELINE, args.list_classes)
-        cache = work / "cache-list"
-        big = measure(lists, cache=cache, list_only=True, file_list=path)
-        ref = measure(lists, cache=cache, list_only=True, file_list=small)
-        row = {
-            "n": n,
-            "make_s": made,
-            "listing_only": big,
-            "baseline": ref,
-            "bytes_per_sample_listing": _per_sample(big, ref, "rss_listed_mb"),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        rows.append(listing_row(work / "file-list", args.listing_only, args.list_classes, baseline))
+        print(json.dumps(rows[-1]), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def listing_row(lists: Path, n: int, classes: int, baseline: int) -> dict[str, Any]:
+    """A data.file_list of n lines listed (no files behind it), against one of `baseline`."""
+    t0 = time.perf_counter()
+    path = make_file_list(lists, n, classes)
+    made = time.perf_counter() - t0
+    small = make_file_list(lists, baseline, classes)
+    cache = lists.parent / "cache-list"
+    big = measure(lists, cache=cache, list_only=True, file_list=path)
+    ref = measure(lists, cache=cache, list_only=True, file_list=small)
+    return {
+        "n": n,
+        "make_s": made,
+        "listing_only": big,
+        "baseline": ref,
+        "bytes_per_sample_listing": _per_sample(big, ref, "rss_listed_mb"),
+    }
 
 
 if __name__ == "__main__":
