@@ -188,10 +188,9 @@ def cpu_budget(local_ranks: int) -> int:
 
 def serve() -> None:
     """A worker's loop: a pickled list of paths in, the list of their reasons out, until EOF."""
-    from stallfree.data.readers.imageio import header_problem, register_plugins, rgb_problem
+    from stallfree.data.readers.imageio import header_problems, register_plugins, rgb_problem
 
     job, max_pixels = sys.argv[1], int(sys.argv[2])
-    problem = header_problem if job == "headers" else rgb_problem
     register_plugins()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a decoder's stray output goes to stderr, never into the replies
@@ -203,5 +202,9 @@ def serve() -> None:
             paths: list[str] = pickle.load(requests)
         except EOFError:
             return
-        pickle.dump([problem(path, max_pixels) for path in paths], replies)
+        if job == "headers":
+            answer = header_problems(paths, max_pixels)
+        else:
+            answer = [rgb_problem(path, max_pixels) for path in paths]
+        pickle.dump(answer, replies)
         replies.flush()

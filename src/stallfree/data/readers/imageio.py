@@ -138,25 +138,34 @@ def displayed_size(
 
 
 def bad_headers(
-    paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 1
+    paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 0
 ) -> list[BadImageError]:
-    """`check_header` on every file (in `threads` threads): the errors, in file order.
+    """`check_header` on every file, in this process: the errors, in file order.
 
-    The loaders run it at start-up on their share of the dataset, so a bad file stops a run
-    before its first step, under either backend. `paths` is consumed in chunks, so a lazy
-    sequence of millions of paths never exists as one list.
+    `paths` is consumed in chunks, so a lazy sequence of millions of paths never exists as one
+    list. `threads`: reads in flight (0: 1 for local files, READS_IN_FLIGHT for an object store).
     """
-
-    def problem(path: str) -> BadImageError | None:
-        reason = header_problem(path, max_pixels)
-        return None if reason is None else BadImageError(path, reason)
-
     found: list[BadImageError] = []
     paths = iter(paths)
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        while chunk := list(itertools.islice(paths, 16_384)):
-            found += [e for e in pool.map(problem, chunk, chunksize=64) if e is not None]
+    while chunk := list(itertools.islice(paths, 16_384)):
+        reasons = header_problems(chunk, max_pixels, threads)
+        found += [BadImageError(path, r) for path, r in zip(chunk, reasons) if r is not None]
     return found
+
+
+READS_IN_FLIGHT = 32  # an object store's ranged GETs at once, per process: latency, not CPU
+
+
+def header_problems(paths: list[str], max_pixels: int, threads: int = 0) -> list[str | None]:
+    """`header_problem` of each path. Local files are read one after the other (threads only
+    add overhead to a GIL-bound walk); an object store's in `threads` threads, whose GETs
+    wait in parallel."""
+    if threads == 0:
+        threads = READS_IN_FLIGHT if paths and "://" in paths[0] else 1
+    if threads <= 1 or len(paths) <= 1:
+        return [header_problem(path, max_pixels) for path in paths]
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(header_problem, paths, itertools.repeat(max_pixels)))
 
 
 def header_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
