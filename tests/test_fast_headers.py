@@ -19,7 +19,7 @@ from test_check import _odd_files
 from test_pillow_corpus import pillow_images  # noqa: F401 - the corpus fixture, downloaded once
 from tqdm import tqdm
 
-from stallfree.data.readers import check_pool
+from stallfree.data.readers import check_pool, fast_headers, imageio
 from stallfree.data.readers.fast_headers import passes
 from stallfree.data.readers.imageio import BadImageError, bad_headers, check_header, header_problem
 from stallfree.recipe import DEFAULT_MAX_PIXELS
@@ -160,3 +160,9 @@ def test_a_worker_that_dies_on_a_chunk_has_the_file_that_kills_it_named(
     found = check_pool.check_all(chunk, "decode", 10, 1, chunk=8, bar=tqdm(disable=True))
     assert found == [(1, "bad", "bad"), (3, "kills", "the decoder crashed on it (exit code -11)")]
     assert len(started) <= 1 + 2 * 3  # log2(8) halvings, not one worker per file
+
+
+def test_the_fast_path_was_written_for_the_current_header_rules() -> None:
+    """A new rule bumps HEADER_RULES and turns the walk off (every file to PIL) until the walk
+    is checked against the rule: then bump `fast_headers.RULES`."""
+    assert fast_headers.RULES == imageio.HEADER_RULES

@@ -22,8 +22,8 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from stallfree.data import storage
+from stallfree.data.readers import fast_headers
 from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
-from stallfree.data.readers.fast_headers import passes
 from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DEFAULT_MAX_PIXELS  # data.max_pixels' default: one definition
@@ -169,8 +169,9 @@ def header_problems(paths: list[str], max_pixels: int, threads: int = 0) -> list
 
 
 def header_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """Why `check_header` refuses `path`, or None: the fast walk first, PIL when it asks."""
-    if passes(path, max_pixels):
+    """Why `check_header` refuses `path`, or None: the fast walk first (when it was written for
+    these rules), PIL when it asks."""
+    if HEADER_RULES == fast_headers.RULES and fast_headers.passes(path, max_pixels):
         return None
     try:
         check_header(path, max_pixels)
