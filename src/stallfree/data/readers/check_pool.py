@@ -22,12 +22,13 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, cast
-
-from tqdm import tqdm
+from typing import IO, TYPE_CHECKING, cast
 
 from stallfree.errors import StallfreeError
 from stallfree.parallel import cpu_cores
+
+if TYPE_CHECKING:  # imported where used: a worker interpreter starts without it
+    from tqdm import tqdm
 
 CHUNK = 16  # files a decode message: small enough to keep every worker busy to the end
 HEADER_CHUNK = 2048  # files a header message: ~50 ms of work, so pickling is noise
@@ -115,9 +116,9 @@ def check_all(
     chunk: int,
     bar: tqdm,
 ) -> list[tuple[int, str, str]]:
-    """(index, path, reason) of each file of `paths` that fails `job` ("headers" or "decode"),
-    in file order, checked in `workers` worker interpreters. `paths` is read `chunk` at a time
-    (a lazy listing of millions is never one list)."""
+    """(index, path, reason) of each file of `paths` that fails `job` ("headers"; "headers-pil":
+    PIL alone; "decode"), in file order, checked in `workers` worker interpreters. `paths` is
+    read `chunk` at a time (a lazy listing of millions is never one list)."""
     source = iter(paths)
     chunks = enumerate(iter(lambda: list(itertools.islice(source, chunk)), []))
     found: list[tuple[int, str, str]] = []
@@ -156,6 +157,8 @@ def decode_all(
     paths: list[str], max_pixels: int, workers: int, *, desc: str, progress: bool
 ) -> list[str | None]:
     """Fully decode `paths` in `workers` worker interpreters: the reason each one fails, or None."""
+    from tqdm import tqdm
+
     reasons: list[str | None] = [None] * len(paths)
     count = max(1, min(workers, -(-len(paths) // CHUNK)))
     with tqdm(total=len(paths), unit="img", desc=desc, disable=not progress) as bar:
@@ -169,14 +172,17 @@ def check_headers(
 ) -> list[tuple[str, str]]:
     """(path, reason) of each of the `count` files of `paths` whose header check fails, in file
     order: in `workers` worker interpreters, or in this one for fewer than IN_PROCESS_BELOW."""
-    from stallfree.data.readers.imageio import bad_headers
+    from tqdm import tqdm
+
+    from stallfree.data.readers.imageio import bad_headers, fast_path_on
 
     if count < IN_PROCESS_BELOW or workers <= 1:
         return [(e.path, e.reason) for e in bad_headers(paths, max_pixels)]
+    job = "headers" if fast_path_on() else "headers-pil"
     count_workers = max(1, min(workers, -(-count // HEADER_CHUNK)))
     desc = "checking image headers"
     with tqdm(total=count, unit="img", desc=desc, disable=not progress) as bar:
-        found = check_all(paths, "headers", max_pixels, count_workers, chunk=HEADER_CHUNK, bar=bar)
+        found = check_all(paths, job, max_pixels, count_workers, chunk=HEADER_CHUNK, bar=bar)
     return [(path, reason) for _, path, reason in found]
 
 
@@ -188,10 +194,13 @@ def cpu_budget(local_ranks: int) -> int:
 
 def serve() -> None:
     """A worker's loop: a pickled list of paths in, the list of their reasons out, until EOF."""
-    from stallfree.data.readers.imageio import header_problems, register_plugins, rgb_problem
-
     job, max_pixels = sys.argv[1], int(sys.argv[2])
-    register_plugins()
+    if job == "decode":
+        from stallfree.data.readers.imageio import register_plugins, rgb_problem
+
+        register_plugins()
+    else:  # numpy and PIL only when a file needs PIL: the common JPEG does not
+        from stallfree.data.readers.fast_headers import problems
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a decoder's stray output goes to stderr, never into the replies
     requests = sys.stdin.buffer
@@ -202,9 +211,9 @@ def serve() -> None:
             paths: list[str] = pickle.load(requests)
         except EOFError:
             return
-        if job == "headers":
-            answer = header_problems(paths, max_pixels)
-        else:
+        if job == "decode":
             answer = [rgb_problem(path, max_pixels) for path in paths]
+        else:
+            answer = problems(paths, max_pixels, fast=job == "headers")
         pickle.dump(answer, replies)
         replies.flush()

@@ -18,9 +18,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-
-from stallfree.data import storage
-from stallfree.data.storage.locations import MEMBER_SEP
+from concurrent.futures import ThreadPoolExecutor
 
 # The imageio.HEADER_RULES this walk passes files under. A new rule bumps HEADER_RULES, and
 # until the walk is checked against it (and this bumped), every file goes to PIL: slower, and
@@ -37,13 +35,44 @@ _EXIF = b"Exif\x00\x00"
 
 def read_head(path: str, size: int) -> bytes:
     """The first `size` bytes of a file, an object (one ranged GET) or a tar member."""
-    if MEMBER_SEP in path or "://" in path:
+    if ":" in path:  # maybe an object (s3://) or a tar member (SHARD::MEMBER): storage's to read
+        from stallfree.data import storage  # imported here: a local check's worker starts sooner
+
         return storage.read_sample(path, size)
     fd = os.open(path, os.O_RDONLY)  # a local file: no file object, no storage dispatch
     try:
         return os.read(fd, size)
     finally:
         os.close(fd)
+
+
+READS_IN_FLIGHT = 32  # an object store's ranged GETs at once, per process: latency, not CPU
+
+
+def problems(paths: list[str], max_pixels: int, threads: int = 0, *, fast: bool = True) -> list[str | None]:
+    """Why `imageio.check_header` refuses each path, or None: `passes` first (unless not
+    `fast`), PIL when it asks. Local files are read one after the other (threads only add
+    overhead to a GIL-bound walk); an object store's in `threads` threads (0: READS_IN_FLIGHT),
+    whose GETs wait in parallel."""
+    if threads == 0:
+        threads = READS_IN_FLIGHT if paths and "://" in paths[0] else 1
+    if threads <= 1 or len(paths) <= 1:
+        return [_problem(path, max_pixels, fast) for path in paths]
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda path: _problem(path, max_pixels, fast), paths))
+
+
+def _problem(path: str, max_pixels: int, fast: bool) -> str | None:
+    if fast and passes(path, max_pixels):
+        return None
+    # Imported on the first file PIL is asked about: numpy and PIL are most of a worker's start.
+    from stallfree.data.readers.imageio import BadImageError, check_header
+
+    try:
+        check_header(path, max_pixels)
+    except BadImageError as exc:
+        return exc.reason
+    return None
 
 
 def passes(path: str, max_pixels: int) -> bool:

@@ -15,7 +15,6 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -143,7 +142,7 @@ def bad_headers(
     """`check_header` on every file, in this process: the errors, in file order.
 
     `paths` is consumed in chunks, so a lazy sequence of millions of paths never exists as one
-    list. `threads`: reads in flight (0: 1 for local files, READS_IN_FLIGHT for an object store).
+    list. `threads`: reads in flight (0: 1 for local files, 32 for an object store).
     """
     found: list[BadImageError] = []
     paths = iter(paths)
@@ -153,31 +152,19 @@ def bad_headers(
     return found
 
 
-READS_IN_FLIGHT = 32  # an object store's ranged GETs at once, per process: latency, not CPU
+def fast_path_on() -> bool:
+    """Whether `fast_headers` was written for these rules (a new rule turns it off)."""
+    return HEADER_RULES == fast_headers.RULES
 
 
 def header_problems(paths: list[str], max_pixels: int, threads: int = 0) -> list[str | None]:
-    """`header_problem` of each path. Local files are read one after the other (threads only
-    add overhead to a GIL-bound walk); an object store's in `threads` threads, whose GETs
-    wait in parallel."""
-    if threads == 0:
-        threads = READS_IN_FLIGHT if paths and "://" in paths[0] else 1
-    if threads <= 1 or len(paths) <= 1:
-        return [header_problem(path, max_pixels) for path in paths]
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(header_problem, paths, itertools.repeat(max_pixels)))
+    """Why `check_header` refuses each path, or None (`fast_headers.problems`)."""
+    return fast_headers.problems(paths, max_pixels, threads, fast=fast_path_on())
 
 
 def header_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """Why `check_header` refuses `path`, or None: the fast walk first (when it was written for
-    these rules), PIL when it asks."""
-    if HEADER_RULES == fast_headers.RULES and fast_headers.passes(path, max_pixels):
-        return None
-    try:
-        check_header(path, max_pixels)
-    except BadImageError as exc:
-        return exc.reason
-    return None
+    """Why `check_header` refuses `path`, or None: the fast walk first, PIL when it asks."""
+    return header_problems([path], max_pixels)[0]
 
 
 def rgb_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
