@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def _cpu_s(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
 
 
 def _child(root: str, workers: int) -> dict[str, float]:
@@ -31,9 +36,11 @@ def _child(root: str, workers: int) -> dict[str, float]:
     listing = resolve_dataset(recipe_from_dict({"data": {"root": root}}).data).splits["train"]
     n = len(listing)
     check_pool.IN_PROCESS_BELOW = 0  # the pool even for a small --smoke tree
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     found = check_pool.check_headers(listing.iter_paths(), n, 10**8, workers, progress=False)
     seconds = time.perf_counter() - t
+    main_cpu = _cpu_s(resource.getrusage(resource.RUSAGE_SELF)) - _cpu_s(cpu)
+    workers_cpu = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN))  # ended workers, all of it
     if found:
         raise SystemExit(f"{len(found)} bad files in a tree of good ones: {found[:3]}")
     sample = [listing.path(i) for i in range(min(n, 20_000))]
@@ -50,6 +57,11 @@ def _child(root: str, workers: int) -> dict[str, float]:
         "seconds": seconds,
         "files_per_s": n / seconds,
         "us_per_file_core": seconds / n * 1e6 * workers,
+        # CPU time, which a busy machine does not stretch as it does wall time: on idle cores
+        # the check takes about max(main, workers / count) seconds.
+        "cpu_main_s": main_cpu,
+        "cpu_workers_s": workers_cpu,
+        "cpu_us_per_file": (main_cpu + workers_cpu) / n * 1e6,
         "read_us": read_us,
         "walk_us": walk_us,
         "load": os.getloadavg()[0],
