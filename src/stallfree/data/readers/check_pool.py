@@ -1,14 +1,10 @@
-"""Checking many files, `workers` at a time, each worker an interpreter of its own: every
-header at start (`check_headers`), and the full decode of the start-up check under
-data.on_error = "skip" and of `stallfree data check` (`decode_all`).
+"""Checking many files in worker interpreters (PIL's parse holds the GIL: threads check no
+faster on 64 cores than on one): every header at start (`check_headers`), and the full decode
+of `data check` and of the start-up check under data.on_error = "skip" (`decode_all`).
 
-PIL's parse holds the GIL, so threads check no faster on 64 cores than on one; interpreters do.
-
-The workers are started by exec (subprocess), never forked: a fork copies this process as its
-other threads leave it, and a loader's reader threads (importing PIL's plugins, say) or
-obstore's may hold a lock that the child then waits on forever. multiprocessing's "spawn" and
-"forkserver" exec too, but re-run the caller's script in every worker (one without a
-`__main__` guard would start over); these import only this module.
+Started by exec, never forked: a fork copies this process as its other threads leave it, and a
+reader thread (importing PIL's plugins, say) or obstore's may hold a lock that the child then
+waits on forever. multiprocessing's "spawn" re-runs the caller's script in every worker.
 """
 
 from __future__ import annotations
