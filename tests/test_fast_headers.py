@@ -69,6 +69,8 @@ def _crafted(folder: Path) -> list[Path]:
         "mpf": [(0xE2, b"MPF\x00" + bytes(40))],
         "big_xmp": [(0xE1, b"http://ns.adobe.com/xap/1.0/\x00" + bytes(60_000))],
         "broken_photoshop": [(0xED, b"Photoshop 3.0\x008BIM\x03\xed")],
+        "empty_sof_first": [(0xC0, b"")],  # PIL fails on it; the real SOF after it must not hide that
+        "short_sof_first": [(0xC2, b"\x08\x00")],
     }
     files += [jpeg_with_segments(folder / f"{name}.jpg", segs) for name, segs in segments.items()]
     return files

@@ -91,7 +91,8 @@ def jpeg_verdict(head: bytes, max_pixels: int) -> int:
     a handler that cannot fail on it, one SOF of 8-bit samples in 1, 3 or 4 components, and
     the rules' walk (`headers.jpeg_header_walk`: no junk between segments, one EXIF block).
     """
-    pos, size, sof, exif, dpi = 2, len(head), b"", b"", False
+    pos, size, exif, dpi = 2, len(head), b"", False
+    sof: bytes | None = None
     icc: list[bytes] = []
     while True:
         if pos + 4 > size:
@@ -124,12 +125,12 @@ def jpeg_verdict(head: bytes, max_pixels: int) -> int:
             elif marker == 0xE2 and body.startswith(b"ICC_PROFILE\x00"):
                 icc.append(body)
         elif marker in _JPEG_SOF:
-            if sof or (icc and len(min(icc)) < 14):  # a second SOF; a fragment PIL indexes past
+            if sof is not None or (icc and len(min(icc)) < 14):  # a second SOF; a fragment PIL indexes past
                 return ASK
             sof, icc = body, []
         elif marker != 0xDB or not _dqt_ok(body):
             return ASK  # a marker PIL reads no length for (RSTn, EOI, JPGn...), DHP, a bad DQT
-    if len(sof) < 6 or sof[0] != 8 or sof[5] not in (1, 3, 4):
+    if sof is None or len(sof) < 6 or sof[0] != 8 or sof[5] not in (1, 3, 4):
         return ASK
     height, width = struct.unpack(">HH", sof[1:5])
     if not 0 < width * height <= max_pixels:
