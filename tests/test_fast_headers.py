@@ -73,6 +73,16 @@ def _crafted(folder: Path) -> list[Path]:
         "short_sof_first": [(0xC2, b"\x08\x00")],
     }
     files += [jpeg_with_segments(folder / f"{name}.jpg", segs) for name, segs in segments.items()]
+    plain = jpeg_with_segments(folder / "plain.jpg", [])
+    files.append(plain)
+    for extra in (1, 2):  # an SOF with a partial component entry: PIL indexes past its end
+        data = bytearray(plain.read_bytes())
+        sof = data.index(b"\xff\xc0")
+        length = int.from_bytes(data[sof + 2 : sof + 4], "big")
+        data[sof + 2 : sof + 4] = (length + extra).to_bytes(2, "big")
+        data[sof + 2 + length : sof + 2 + length] = bytes(extra)
+        files.append(folder / f"sof_plus_{extra}.jpg")
+        files[-1].write_bytes(bytes(data))
     return files
 
 

@@ -130,8 +130,8 @@ def jpeg_verdict(head: bytes, max_pixels: int) -> int:
             sof, icc = body, []
         elif marker != 0xDB or not _dqt_ok(body):
             return ASK  # a marker PIL reads no length for (RSTn, EOI, JPGn...), DHP, a bad DQT
-    if sof is None or len(sof) < 6 or sof[0] != 8 or sof[5] not in (1, 3, 4):
-        return ASK
+    if sof is None or len(sof) < 6 or (len(sof) - 6) % 3 or sof[0] != 8 or sof[5] not in (1, 3, 4):
+        return ASK  # PIL reads each 3-byte component entry whole: a partial one fails its open
     height, width = struct.unpack(">HH", sof[1:5])
     if not 0 < width * height <= max_pixels:
         return ASK
