@@ -104,8 +104,9 @@ def test_the_fast_path_agrees_with_pil_on_pillows_test_images(pillow_images: Pat
 
 
 def test_every_cut_and_byte_flip_of_a_jpeg_header_gets_pils_verdict(tmp_path: Path) -> None:
-    """A JPEG with EXIF, ICC and Photoshop segments, cut at and flipped at every header byte:
-    the walk's arithmetic (lengths, tables, SOF fields) meets every kind of damage."""
+    """A JPEG with EXIF, ICC and Photoshop segments, cut and flipped at every header byte, each
+    segment shortened and lengthened: the walk's arithmetic (lengths, tables, SOF fields)
+    meets every kind of damage."""
     icc = b"ICC_PROFILE\x00\x01\x01" + bytes(30)
     photoshop = b"Photoshop 3.0\x008BIM\x04\x04\x00\x00\x00\x00\x00\x04abcd"
     source = jpeg_with_segments(
@@ -121,6 +122,14 @@ def test_every_cut_and_byte_flip_of_a_jpeg_header_gets_pils_verdict(tmp_path: Pa
         flipped = bytearray(data)
         flipped[at] ^= 0xFF if at % 2 else 0x01
         variants.append(bytes(flipped))
+    pos = 2
+    while data[pos + 1] != 0xDA:  # each segment 1-3 bytes shorter or longer, its length to match
+        end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+        body = data[pos + 4 : end]
+        for change in (-3, -2, -1, 1, 2, 3):
+            new = body[:change] if change < 0 else body + bytes(change)
+            variants.append(data[: pos + 2] + (len(new) + 2).to_bytes(2, "big") + new + data[end:])
+        pos = end
     paths = []
     for i, content in enumerate(variants):
         paths.append(tmp_path / f"{i}.jpg")
