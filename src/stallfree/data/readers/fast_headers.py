@@ -11,7 +11,12 @@ from __future__ import annotations
 import math
 import os
 import struct
+import warnings
 from concurrent.futures import ThreadPoolExecutor
+
+# As in imageio (which a header worker may never import): PIL's "Corrupt EXIF data" names no
+# file, and the walk's EXIF read must not print it; the check names files itself.
+warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
 
 # The imageio.HEADER_RULES this walk passes files under. A new rule bumps HEADER_RULES, and
 # until the walk is checked against it (and this bumped), every file goes to PIL: slower, and
