@@ -16,6 +16,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -64,7 +65,10 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=16, help="parallel PUT connections")
     parser.add_argument("--work", type=Path, default=None, help="server data (a temp folder if unset)")
+    parser.add_argument("--smoke", action="store_true", help="200 objects in a temp folder: seconds")
     args = parser.parse_args()
+    if args.smoke:
+        args.n, args.classes, args.work = 200, 10, None
     import scale
     from s3_listing import BUCKET, PREFIX, start
     from s3_server import _free_port, weed_binary
@@ -104,6 +108,8 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def _checked(paths: list[str], job: str, max_pixels: int, worker: _Worker) -> li
         return worker.check(paths)
     except WorkerDied as died:
         if len(paths) == 1:
-            return [f"the decoder crashed on it ({died})"]
+            what = "decoder" if job == "decode" else "header check"
+            return [f"the {what} crashed on it ({died})"]
     reasons: list[str | None] = []
     for half in (paths[: len(paths) // 2], paths[len(paths) // 2 :]):
         alone = _Worker(job, max_pixels)
