@@ -18,6 +18,7 @@ import torch
 from helpers import PYTHON, build_loader, small_recipe, torchrun_train
 
 import stallfree.data.readers.startup_check as startup
+from stallfree.data.readers.check_pool import check_headers
 from stallfree.data.readers.imageio import BadImageError, bad_headers
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
@@ -52,14 +53,14 @@ def test_the_header_check_runs_once_per_dataset_state(
     recipe = small_recipe(root, train={"batch_size": 4})
     build_loader(recipe, "train", device=CPU).close()
     assert len(list((tmp_path / "cache").glob("headers-*.json"))) == 1
-    monkeypatch.setattr(startup, "bad_headers", _fail)
+    monkeypatch.setattr(startup, "check_headers", _fail)
     build_loader(recipe, "train", device=CPU).close()  # a requeue: the same data, no check
     # A file added (its folder's time changes): checked again, and the bad one is named.
     (root / "train" / sorted(os.listdir(root / "train"))[0] / "new.jpg").write_bytes(b"junk")
-    monkeypatch.setattr(startup, "bad_headers", bad_headers)
+    monkeypatch.setattr(startup, "check_headers", check_headers)
     with pytest.raises(BadImageError, match=r"new\.jpg"):
         build_loader(recipe, "train", device=CPU)
-    monkeypatch.setattr(startup, "bad_headers", _fail)
+    monkeypatch.setattr(startup, "check_headers", _fail)
     with pytest.raises(BadImageError, match=r"new\.jpg"):  # cached bad files still stop a run
         build_loader(recipe, "train", device=CPU)
 
@@ -77,7 +78,7 @@ def test_a_data_check_list_needs_no_header_check(
         == 0
     )
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(startup, "bad_headers", _fail)
+    monkeypatch.setattr(startup, "check_headers", _fail)
     recipe = small_recipe(image_root, data={"file_list": str(clean)}, train={"batch_size": 4})
     loader = build_loader(recipe, "train", device=CPU)
     assert sum(b.labels.numel() for b in loader) == 60  # every listed image, unchecked

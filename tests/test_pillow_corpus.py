@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,11 +50,21 @@ def pillow_images() -> Path:
             _download_sdist(sdist)
         except (OSError, ValueError) as error:
             _unavailable(f"pillow=={PILLOW} from {_index_url()}: {error}")
+    # Two test modules use the images, maybe in two xdist workers at once: each extracts into a
+    # folder of its own and renames it into place whole, so none reads a file being written.
     prefix = f"pillow-{PILLOW}/Tests/images/"
+    staging = Path(tempfile.mkdtemp(prefix=".extracting-", dir=CACHE))
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
-        tar.extractall(CACHE, members=members, filter="data")
-    (images.parent / ".extracted").touch()
+        tar.extractall(staging, members=members, filter="data")
+    (staging / f"pillow-{PILLOW}" / "Tests" / ".extracted").touch()
+    try:
+        (staging / f"pillow-{PILLOW}").rename(CACHE / f"pillow-{PILLOW}")
+    except OSError:
+        if not (images.parent / ".extracted").is_file():  # not another worker's whole copy
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return images
 
 
@@ -85,7 +97,7 @@ def _download_sdist(sdist: Path) -> None:
     if fragment.startswith("sha256=") and hashlib.sha256(data).hexdigest() != expected:
         raise ValueError(f"{url}: sha256 differs from the index's {expected}")
     CACHE.mkdir(parents=True, exist_ok=True)
-    partial = sdist.with_suffix(".partial")
+    partial = sdist.with_name(f"{sdist.name}.{os.getpid()}.partial")  # one a worker
     partial.write_bytes(data)
     partial.replace(sdist)  # a half-written file never passes for the sdist
 

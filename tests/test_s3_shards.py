@@ -189,7 +189,7 @@ def test_a_shard_replaced_in_the_store_is_checked_again_at_start(
         dataset = resolve_dataset(DataConfig(root=url, format="tar"))
         found = bad_headers_at_start(
             dataset.splits["val"], sources=dataset.sources, checked_by=None, max_pixels=10**8,
-            threads=2, dist=DistInfo(),
+            dist=DistInfo(),
         )  # fmt: skip
         return [e.path for e in found]
 

@@ -61,15 +61,15 @@ class LoaderSpec:
     def train(self) -> bool:
         return self.split == "train"
 
-    def bad_headers(self, threads: int) -> list[BadImageError]:
-        """The split's files with a bad header, checked once per dataset state (cached)."""
+    def bad_headers(self) -> list[BadImageError]:
+        """The split's files with a bad header, checked once per dataset state (cached), in
+        worker interpreters on this rank's share of the cores."""
         assert self.listing is not None
         return bad_headers_at_start(
             self.listing,
             sources=self.sources,
             checked_by=self.checked_by,
             max_pixels=self.max_pixels,
-            threads=threads,
             dist=self.dist,
         )
 

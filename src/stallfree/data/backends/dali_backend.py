@@ -30,6 +30,7 @@ from stallfree.data.backends.dali_probe import environment_problem, first_undeco
 from stallfree.data.backends.dali_words import first_cause, says_out_of_memory
 from stallfree.data.backends.prefetch import DevicePrefetcher
 from stallfree.data.loader import Batch, Loader, LoaderSpec, ShardedLoader
+from stallfree.data.readers.check_pool import cpu_budget
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.imageio import BadImageError, check_header, displayed_size
 from stallfree.data.readers.inflight import HeldReads, ReaderPool, read_ahead, reads_in_flight, submit
@@ -357,12 +358,16 @@ def _usable_ids(spec: LoaderSpec, threads: int) -> np.ndarray | None:
     """
     assert spec.listing is not None
     if spec.on_error != "skip":
-        bad = spec.bad_headers(threads)
+        bad = spec.bad_headers()
         if bad:
             raise bad[0]
         return None
     bad_files = cached_bad_files(
-        spec.listing, sources=spec.sources, max_pixels=spec.max_pixels, workers=threads, dist=spec.dist
+        spec.listing,
+        sources=spec.sources,
+        max_pixels=spec.max_pixels,
+        workers=cpu_budget(spec.dist.local_world_size),  # before DALI's threads start: every core
+        dist=spec.dist,
     )
     if not bad_files:
         return None

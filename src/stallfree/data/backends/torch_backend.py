@@ -210,7 +210,7 @@ class TorchLoader(ShardedLoader):
         # or (data.on_error = "skip") is announced now and dropped when its batch comes.
         self.spec = spec
         self.skip = spec.on_error == "skip"
-        bad = spec.bad_headers(max(1, workers))
+        bad = spec.bad_headers()
         if bad and not self.skip:
             raise bad[0]
         if bad:

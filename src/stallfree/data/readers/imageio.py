@@ -15,13 +15,13 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from stallfree.data import storage
+from stallfree.data.readers import fast_headers
 from stallfree.data.readers.compat import ORIENTATION_TAG, SIXTEEN_BIT, unshared_mode
 from stallfree.data.readers.headers import read_bytes
 from stallfree.errors import StallfreeError
@@ -137,28 +137,43 @@ def displayed_size(
 
 
 def bad_headers(
-    paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 1
+    paths: Iterable[str], max_pixels: int = DEFAULT_MAX_PIXELS, threads: int = 0
 ) -> list[BadImageError]:
-    """`check_header` on every file (in `threads` threads): the errors, in file order.
+    """`check_header` on every file, in this process: the errors, in file order.
 
-    The loaders run it at start-up on their share of the dataset, so a bad file stops a run
-    before its first step, under either backend. `paths` is consumed in chunks, so a lazy
-    sequence of millions of paths never exists as one list.
+    `paths` is consumed in chunks, so a lazy sequence of millions of paths never exists as one
+    list. `threads`: reads in flight (0: 1 for local files, 32 for an object store).
     """
-
-    def problem(path: str) -> BadImageError | None:
-        try:
-            check_header(path, max_pixels)
-        except BadImageError as exc:
-            return exc
-        return None
-
     found: list[BadImageError] = []
     paths = iter(paths)
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        while chunk := list(itertools.islice(paths, 16_384)):
-            found += [e for e in pool.map(problem, chunk, chunksize=64) if e is not None]
+    while chunk := list(itertools.islice(paths, 16_384)):
+        reasons = header_problems(chunk, max_pixels, threads)
+        found += [BadImageError(path, r) for path, r in zip(chunk, reasons) if r is not None]
     return found
+
+
+def fast_path_on() -> bool:
+    """Whether `fast_headers` was written for these rules (a new rule turns it off)."""
+    return HEADER_RULES == fast_headers.RULES
+
+
+def header_problems(paths: list[str], max_pixels: int, threads: int = 0) -> list[str | None]:
+    """Why `check_header` refuses each path, or None (`fast_headers.problems`)."""
+    return fast_headers.problems(paths, max_pixels, threads, fast=fast_path_on())
+
+
+def header_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why `check_header` refuses `path`, or None: the fast walk first, PIL when it asks."""
+    return header_problems([path], max_pixels)[0]
+
+
+def rgb_problem(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why `open_rgb` (the full decode) fails on `path`, or None."""
+    try:
+        open_rgb(path, max_pixels).close()
+    except BadImageError as exc:
+        return exc.reason
+    return None
 
 
 def open_lazy(

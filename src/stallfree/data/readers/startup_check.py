@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from stallfree.data import storage
-from stallfree.data.readers.decode_pool import decode_all
-from stallfree.data.readers.imageio import BadImageError, bad_headers, rules_id
+from stallfree.data.readers.check_pool import check_headers, cpu_budget, decode_all
+from stallfree.data.readers.imageio import BadImageError, rules_id
 from stallfree.data.readers.listing import Listing
 from stallfree.parallel import DistInfo
 from stallfree.version import __version__
@@ -155,13 +155,13 @@ def bad_headers_at_start(
     sources: tuple[str, ...],
     checked_by: tuple[str, int] | None,
     max_pixels: int,
-    threads: int,
     dist: DistInfo,
 ) -> list[BadImageError]:
     """The split's files whose header is bad (all ranks', so every rank decides alike).
 
-    Each rank checks its share; the result is cached per dataset state, so the next start
-    (a requeue, the next run) skips the check. A `data check` clean list of this version and
+    Each rank checks its share, in worker interpreters on its share of the node's cores; the
+    result is cached per dataset state, so the next start (a requeue, the next run) skips the
+    check. A `data check` clean list of this version and
     pixel limit (`checked_by`) needs no check at all, for the root it was written for.
     """
     if checked_by == (rules_id(), max_pixels):
@@ -171,7 +171,10 @@ def bad_headers_at_start(
     bad = _read_cache(cache, key)
     if bad is None:
         share = listing.iter_paths(dist.rank, dist.world_size)
-        found = {e.path: e.reason for e in bad_headers(share, max_pixels, threads)}
+        count = len(range(dist.rank, len(listing), dist.world_size))
+        workers = cpu_budget(dist.local_world_size)
+        progress = dist.rank == 0 and count >= 100_000
+        found = dict(check_headers(share, count, max_pixels, workers, progress=progress))
         bad = _gathered(found, dist)
         if bad is None:  # several ranks without a process group: each knows its own share
             bad = found

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallfree.data import storage
-from stallfree.data.readers.decode_pool import decode_all
+from stallfree.data.readers.check_pool import decode_all
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.readers.listing import SPLITS, DatasetError
