@@ -57,7 +57,9 @@ def test_an_unmarked_test_that_starts_a_process_fails(tmp_path: Path) -> None:
     (tmp_path / "test_inner.py").write_text(_TESTS)
     # Marked at collection, the test using a server may start one; the marked one may too.
     # An empty HOME and no cache variables: a new machine's, where no font cache exists yet.
-    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR")
+    }
     (home := tmp_path / "home").mkdir()
     done = subprocess.run(
         [PYTHON, "-m", "pytest", "-q", "-rf", "-p", "no:randomly", "-p", "no:cacheprovider"],
