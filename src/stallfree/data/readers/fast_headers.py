@@ -53,11 +53,21 @@ def problems(paths: list[str], max_pixels: int, threads: int = 0, *, fast: bool 
     overhead to a GIL-bound walk); an object store's in `threads` threads (0: READS_IN_FLIGHT),
     whose GETs wait in parallel."""
     if threads == 0:
-        threads = READS_IN_FLIGHT if paths and "://" in paths[0] else 1
+        threads = READS_IN_FLIGHT if paths and _in_a_store(paths[0]) else 1
     if threads <= 1 or len(paths) <= 1:
         return [_problem(path, max_pixels, fast) for path in paths]
     with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda path: _problem(path, max_pixels, fast), paths))
+
+
+def _in_a_store(path: str) -> bool:
+    """Whether `path` names an object, asked of storage only where it might (storage's imports
+    would slow a local check's worker start)."""
+    if ":" not in path:
+        return False
+    from stallfree.data.storage.locations import is_url
+
+    return is_url(path)
 
 
 def _problem(path: str, max_pixels: int, fast: bool) -> str | None:
