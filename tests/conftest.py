@@ -36,11 +36,12 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
 # matplotlib's first import on a machine without its font cache runs `fc-list`, a process the
 # e2e guard below would refuse in a unit test. The session gets a cache folder of its own, built
-# here, once, in the process that starts the workers (they inherit the variable): no test then
+# here, once, in the process that starts the workers (they inherit it, built): no test then
 # depends on what this machine has cached, or starts a process for it.
-if "PYTEST_XDIST_WORKER" not in os.environ and importlib.util.find_spec("matplotlib"):
+_BUILT = os.environ.get("_STALLFREE_TEST_MPL")
+if (_BUILT is None or _BUILT != os.environ.get("MPLCONFIGDIR")) and importlib.util.find_spec("matplotlib"):
     _MPL = tempfile.TemporaryDirectory(prefix="stallfree-test-mpl-")
-    os.environ["MPLCONFIGDIR"] = _MPL.name
+    os.environ["MPLCONFIGDIR"] = os.environ["_STALLFREE_TEST_MPL"] = _MPL.name
     import matplotlib.font_manager  # noqa: F401
 
 
