@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
-from stallfree.train.distributed import gather_objects
+from stallfree.train.distributed import gather_objects, shutdown
 
 # split -> (sample count, digest): what must be equal on every rank
 Identity = dict[str, tuple[int, str]]
@@ -54,7 +54,9 @@ def check_ranks_agree(dataset: Dataset | None, data: dict[str, Any], rank: int, 
     """Raise ListingMismatchError on every rank when any rank's listing differs from rank 0's.
 
     Every rank gathers every identity, so all raise together and none is left waiting in a
-    collective. A no-op outside a process group.
+    collective; each leaves the group first (a barrier, then destroy), as a rank that exits with
+    gloo's group alive can abort in its teardown (SIGABRT, "terminate called without an active
+    exception": https://github.com/pytorch/pytorch/issues/190489). A no-op outside a process group.
     """
     if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
         return
@@ -62,6 +64,7 @@ def check_ranks_agree(dataset: Dataset | None, data: dict[str, Any], rank: int, 
     differ = [r for r, (theirs, _) in enumerate(every) if theirs != every[0][0]]
     if differ:
         other = rank if rank in differ else differ[0]  # this rank where it differs, else the first
+        shutdown()
         raise ListingMismatchError(_mismatch(every[0], every[other], other, len(differ)))
 
 
