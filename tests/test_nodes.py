@@ -18,6 +18,7 @@ from helpers import PYTHON, small_recipe
 from s3_server import upload_tree
 
 from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.remote import cached_note
 from stallfree.recipe import dump_toml
 from stallfree.train.listing_check import _mismatch, identity
 from stallfree.train.resume import data_record
@@ -158,11 +159,29 @@ def test_copies_at_other_paths_agree_and_one_file_more_does_not(image_root: Path
 
 def test_a_mismatch_names_the_split_both_counts_and_the_fix() -> None:
     ours = {"train": (60, "a"), "val": (30, "b")}
-    line = _mismatch((ours, "hostA node 0"), ({"train": (60, "c"), "val": (30, "b")}, "hostB node 1"), 1, 1)
+    line = _mismatch(
+        (ours, "hostA node 0", ""), ({"train": (60, "c"), "val": (30, "b")}, "hostB node 1", ""), 1, 1
+    )
     assert "train split" in line and "hostA node 0) lists 60" in line and "hostB node 1) 60" in line
     assert "other files or labels" in line and "data.file_list" in line and "\n" not in line
-    line = _mismatch((ours, "a"), ({"train": (60, "a"), "val": (29, "d")}, "b"), 3, 2)
+    line = _mismatch((ours, "a", ""), ({"train": (60, "a"), "val": (29, "d")}, "b", ""), 3, 2)
     assert "val split" in line and "rank 3 (b) 29" in line and "1 more rank(s)" in line
+
+
+CACHED = cached_note(0.0, Path("/c/listing-1.json.z"))  # as a resume's list_root names it
+
+
+@pytest.mark.parametrize("cached_rank", [0, 1])
+def test_a_mismatch_after_a_cached_listing_names_it_as_the_cause_and_its_fix(cached_rank: int) -> None:
+    """A resume's node on its cached listing, the other listing afresh: the line names that
+    node, the listing's time and file and how to list again, not a store that moved."""
+    facts = [({"train": (92, "a")}, "hostA node 0", ""), ({"train": (91, "b")}, "hostB node 1", "")]
+    facts[cached_rank] = (*facts[cached_rank][:2], CACHED)
+    line = _mismatch(facts[0], facts[1], 1, 1)
+    node = facts[cached_rank][1]
+    assert f"({node}) resumed on {CACHED}" in line and "likely cause" in line and "1970" in line, line
+    assert "STALLFREE_RELIST=1" in line and "remove" in line and "\n" not in line
+    assert "add or remove no objects" not in line
 
 
 def _ip(*args: str) -> None:
