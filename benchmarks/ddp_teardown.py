@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def main() -> int:
         return 0
     runs = 3 if args.smoke else args.runs
     args.logs.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still ends the busy loop
     hog = subprocess.Popen(["taskset", "-c", str(args.core), sys.executable, "-c", HOG])
     counts: dict[str, int] = {"ok": 0, "hang": 0, "failed": 0}
     start = time.monotonic()
