@@ -87,3 +87,25 @@ def test_a_store_root_is_named_as_written_in_the_refusal(tmp_path: Path) -> None
     with pytest.raises(ResumeError) as err:
         check_compatible(state, small_recipe("s3://bucket/b"), 1, tmp_path / "ckpt.pt")
     assert "checkpoint 's3://bucket/a', now 's3://bucket/b'" in str(err.value), err.value
+
+
+def test_a_resume_on_a_stale_cached_listing_says_so_in_its_one_line(tmp_path: Path) -> None:
+    """The node's cached listing is not the one the checkpoint counts: the refusal names it
+    and how to list again (no separate line claiming the checkpoint counts it)."""
+    from stallfree.data.readers.listing import Dataset, ListingBuilder
+    from stallfree.data.readers.remote import cached_note
+    from stallfree.train.resume import check_same_data, data_record
+
+    builder = ListingBuilder("s3://b/d/train/", ("a",))
+    builder.add([f"{i}.jpg" for i in range(91)], [0] * 91)
+    cached = cached_note(0.0, tmp_path / "listing-1.json.z")
+    dataset = Dataset("s3://b/d", ("a",), {"train": builder.build()}, cached_listing=cached)
+    state = {
+        "data": {"train_samples": 92, "train_digest": "x"},
+        "ranks": [{"loader": {"epoch": 0, "position": 8}}],
+    }
+    with pytest.raises(ResumeError) as err:
+        check_same_data(state, data_record(dataset), dataset, tmp_path / "ckpt-000000010.pt")
+    line = str(err.value)
+    assert "92 samples at the checkpoint, 91 now" in line and f"resumed on {cached}" in line, line
+    assert "STALLFREE_RELIST=1" in line and "likely cause" in line and "\n" not in line

@@ -104,18 +104,24 @@ def test_a_resume_lists_the_class_prefixes_alone(root: str, calls: list[str]) ->
 
 
 def test_a_new_run_sees_a_key_added_or_removed_a_resume_keeps_its_listing(
-    client: Any, root: str, calls: list[str], caplog: pytest.LogCaptureFixture
+    client: Any, root: str, calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = resolve_dataset(DataConfig(root=root))
     _put(client, root, "train/a/9.jpg")
     client.delete_object(Bucket=BUCKET, Key=f"{split_url(root)[2]}/train/b/1.jpg")
     # A resume continues on the samples its checkpoint positions count: the listing it began with.
-    caplog.set_level("INFO", logger="stallfree")
     resumed = resolve_dataset(DataConfig(root=root), reuse_listing=True)
     assert resumed.splits["train"].files == first.splits["train"].files
-    # And says so: a new user's added object was left out without a word.
-    said = [r.getMessage() for r in caplog.records if "listing" in r.getMessage()]
-    assert len(said) == 1 and root in said[0] and "new run" in said[0], said
+    # And names it (the resume's check says it), with the file to remove and the way to list again.
+    assert (
+        "cached listing made at" in resumed.cached_listing and "STALLFREE_RELIST=1" in resumed.cached_listing
+    )
+    assert not first.cached_listing
+    monkeypatch.setenv("STALLFREE_RELIST", "1")
+    calls.clear()
+    relisted = resolve_dataset(DataConfig(root=root), reuse_listing=True)
+    assert len(calls) == FULL and not relisted.cached_listing
+    monkeypatch.delenv("STALLFREE_RELIST")
     calls.clear()
     fresh = resolve_dataset(DataConfig(root=root))
     assert len(calls) == FULL

@@ -271,14 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     except StallfreeError as exc:
         if exc.detail:  # a library's own words: under --verbose only
             LOGGER.debug(f"the error's detail: {exc.detail}")
+        from stallfree.train import node_line
+
         if exc.same_on_every_rank and _local_rank() != 0:
             # The first rank of each node says it once (a node may lack what another has, so
-            # not rank 0 alone). Waiting lets it do so: torchrun stops a node's ranks as soon as
-            # one exits, and that rank may be a moment behind.
-            time.sleep(3)
+            # not rank 0 alone); this rank exits once it has (node_line.py says why).
+            node_line.wait_for_first_rank()
             return exc.exit_code
         hint = f" ({exc.hint})" if exc.hint else ""
         LOGGER.error(f"error: {exc}{hint}")
+        if exc.same_on_every_rank:
+            node_line.said()
         return exc.exit_code
 
 

@@ -118,10 +118,10 @@ def shutdown() -> None:
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        # gloo's worker thread frees the barrier's work (and the tensors of the collectives
-        # before it) after the barrier returns, and needs the GIL for that. Whatever frees the
-        # group last (DDP's reducer, at exit) joins that thread holding the GIL: a deadlock
-        # when that comes first, seen on a loaded machine. A sleep hands the thread the GIL.
+        # gloo's worker frees the barrier's work (and the Python tensors of the collectives
+        # before it) after the barrier returns, taking the GIL; DDP's reducer, the group's last
+        # owner here, joins it holding the GIL: https://github.com/pytorch/pytorch/issues/56297.
+        # A mitigation, not a mechanism: benchmarks/ddp_teardown.py and RESULTS.md say its figures.
         time.sleep(0.1)
         dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
-from stallfree.train.distributed import gather_objects
+from stallfree.train.distributed import gather_objects, shutdown
 
 # split -> (sample count, digest): what must be equal on every rank
 Identity = dict[str, tuple[int, str]]
@@ -54,28 +54,44 @@ def check_ranks_agree(dataset: Dataset | None, data: dict[str, Any], rank: int, 
     """Raise ListingMismatchError on every rank when any rank's listing differs from rank 0's.
 
     Every rank gathers every identity, so all raise together and none is left waiting in a
-    collective. A no-op outside a process group.
+    collective; each leaves the group first (a barrier, then destroy), as a rank that exits with
+    gloo's group alive can abort in its teardown (SIGABRT, "terminate called without an active
+    exception": https://github.com/pytorch/pytorch/issues/190489). A no-op outside a process group.
     """
     if world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
         return
-    every: list[Any] = gather_objects((identity(dataset, data), node_name()), world_size)
-    differ = [r for r, (theirs, _) in enumerate(every) if theirs != every[0][0]]
+    cached = dataset.cached_listing if dataset is not None else ""
+    every: list[Any] = gather_objects((identity(dataset, data), node_name(), cached), world_size)
+    differ = [r for r, (theirs, *_) in enumerate(every) if theirs != every[0][0]]
     if differ:
         other = rank if rank in differ else differ[0]  # this rank where it differs, else the first
+        shutdown()
         raise ListingMismatchError(_mismatch(every[0], every[other], other, len(differ)))
 
 
-def _mismatch(first: tuple[Identity, str], theirs: tuple[Identity, str], rank: int, differ: int) -> str:
-    """One line: the first split that differs, rank 0's count against `rank`'s, and the fix."""
-    (ours, our_node), (other, other_node) = first, theirs
+# A rank's facts: (its identity, its node's name, its `Dataset.cached_listing`)
+Facts = tuple[Identity, str, str]
+
+
+def _mismatch(first: Facts, theirs: Facts, rank: int, differ: int) -> str:
+    """One line: the first split that differs, rank 0's count against `rank`'s, and the fix:
+    where one of the two resumed on its node's cached listing, that listing (the likely cause)."""
+    (ours, our_node, our_cache), (other, other_node, other_cache) = first, theirs
     split = next(s for s in sorted(ours.keys() | other.keys()) if ours.get(s) != other.get(s))
     n0, n = ours.get(split, (0, ""))[0], other.get(split, (0, ""))[0]
     change = " (other files or labels)" if n == n0 else ""
     more = f"; {differ - 1} more rank(s) differ too" if differ > 1 else ""
-    return (
+    said = (
         f"the {split} split differs between ranks: rank 0 ({our_node}) lists {n0} samples, "
-        f"rank {rank} ({other_node}) {n}{change}{more}; one run must train one listing: give "
-        "every node the same data (add or remove no objects while the run starts), or list "
-        "it once (`stallfree data check ROOT --write-list LIST`) and set data.file_list = "
-        "LIST on a filesystem every node reads"
+        f"rank {rank} ({other_node}) {n}{change}{more}"
+    )
+    if our_cache or other_cache:  # a node's stale cache, not a store that moved: say which
+        who, node, cache = (0, our_node, our_cache) if our_cache else (rank, other_node, other_cache)
+        return (
+            f"{said}; rank {who} ({node}) resumed on {cache}, the likely cause: list again there and restart"
+        )
+    return (
+        f"{said}; one run must train one listing: give every node the same data (add or remove "
+        "no objects while the run starts), or list it once (`stallfree data check ROOT "
+        "--write-list LIST`) and set data.file_list = LIST on a filesystem every node reads"
     )

@@ -109,6 +109,9 @@ def check_same_data(
     the new data is only said; `force` goes on mid-epoch too, saying what it costs.
     """
     saved = state.get("data") or {}
+    cached = dataset.cached_listing if dataset is not None else ""
+    if cached and saved == now:  # the claim checked: the checkpoint's positions count it
+        LOGGER.info(f"resuming on {cached}, which the checkpoint's positions count")
     if not saved or not now or saved == now or dataset is None:
         return  # a checkpoint from before this record, or no listing at all
     position = saved_position(state)
@@ -116,6 +119,8 @@ def check_same_data(
     change = f"{saved['train_samples']} samples at the checkpoint, {now['train_samples']} now" + (
         ", other files or labels" if saved["train_samples"] == now["train_samples"] else ""
     )
+    if cached:  # this node's cached listing is not the checkpoint's: stale, the likely cause
+        change += f"; this node resumed on {cached}, the likely cause"
     epoch = saved_epoch(state)
     if position == 0:
         LOGGER.warning(f"{where} changed since {path.name} ({change}): epoch {epoch} reads it as it is now")

@@ -100,13 +100,13 @@ def _remote_dataset(root: str, file_list: str, reuse: bool) -> Dataset:
 
     if file_list:
         return _from_file_list(root, remote.list_classes(file_list), file_list)
-    classes, names, digests = remote.list_root(root, reuse=reuse)
+    classes, names, digests, cached = remote.list_root(root, reuse=reuse)
     splits = {}
     for split in SPLITS:  # a loop, not a comprehension: _split_of's stacklevel counts frames
         splits[split] = _split_of(f"{root}/{split}", split, classes, names[split])
     sources = tuple(f"{root}/{split}#keys={digests[split]}" for split in SPLITS)  # no times: ETags
     _warn_unmeasured(f"{root}/val", classes, splits["val"])
-    return Dataset(root=root, classes=classes, splits=splits, sources=sources)
+    return Dataset(root=root, classes=classes, splits=splits, sources=sources, cached_listing=cached)
 
 
 def _split_of(split_url: str, split: str, classes: tuple[str, ...], names: list[list[str]]) -> Listing:

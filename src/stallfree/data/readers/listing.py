@@ -123,7 +123,8 @@ class Dataset:
 
     `sources` are the folders (or shards) the listings were read from, whose modification
     times tell whether a cached header check still holds; `checked_by` is (version, max_pixels)
-    when the listing is a `data check` clean list.
+    when the listing is a `data check` clean list; `cached_listing`, on a resume that took its
+    node's cached listing of a store, names it and how to list again (else "").
     """
 
     root: str
@@ -131,6 +132,7 @@ class Dataset:
     splits: dict[str, Listing]
     sources: tuple[str, ...] = ()
     checked_by: tuple[str, int] | None = None
+    cached_listing: str = ""
 
     @property
     def num_classes(self) -> int:

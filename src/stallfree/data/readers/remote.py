@@ -21,7 +21,6 @@ from typing import Any
 
 from stallfree.data import storage
 from stallfree.data.readers.listing import SPLITS, DatasetError
-from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
 from stallfree.version import __version__
 
@@ -100,8 +99,18 @@ def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[s
     return names, storage.digest_of([digest for _, digest in listed])
 
 
-# (train's classes, each split's object names per class, each split's digest of keys and ETags)
-Listed = tuple[tuple[str, ...], dict[str, list[list[str]]], dict[str, str]]
+# (train's classes, each split's object names per class, each split's digest of keys and ETags,
+# and, for a cached listing, the phrase naming it: `cached_note`; "" for one made now)
+Listed = tuple[tuple[str, ...], dict[str, list[list[str]]], dict[str, str], str]
+
+# Set to 1, a resume lists the store again rather than take the node's cached listing.
+RELIST_ENV = "STALLFREE_RELIST"
+
+
+def cached_note(listed_at: float, path: Path) -> str:
+    """The phrase a refusal names a cached listing by: its time, its file, how to list again."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(listed_at))
+    return f"the cached listing made at {when} ({path}; remove it, or set {RELIST_ENV}=1, to list again)"
 
 
 def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
@@ -113,8 +122,9 @@ def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed
     the class prefixes still hold: its checkpoint positions count samples of that listing, and
     another would silently give them other samples. A class prefix added or removed means the
     store moved under the run, and everything is listed; a key removed since stops the run when
-    its batch comes, naming it (remove `cache_path` to list again); one added waits for a new
-    run. With several ranks a node, local rank 0 lists and writes the entry, and the others wait
+    its batch comes, naming it (remove `cache_path`, or set STALLFREE_RELIST=1, to list again);
+    one added waits for a new run. The resume says which listing it took (`check_same_data`).
+    With several ranks a node, local rank 0 lists and writes the entry, and the others wait
     for that entry of this launch (`_launch_token`), so a node lists once; without a writable
     cache every rank lists. Nodes list apart, as they would walk local copies.
     """
@@ -122,13 +132,9 @@ def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed
     prefixes = class_prefixes(root)  # the cheap revalidation: a few requests, not one per 1,000 keys
     classes = remote_classes(root, prefixes)
     path = cache_path(root)
+    reuse = reuse and os.environ.get(RELIST_ENV) != "1"
     if reuse and (entry := _load(path, root)) is not None and entry["prefixes"] == prefixes:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.get("listed_at", 0)))
-        LOGGER.info(
-            f"{root}: resuming on the listing made at {when}, which the checkpoint's positions "
-            f"count; objects added or removed since wait for a new run (or remove {path})"
-        )
-        return _unpack(entry)
+        return _unpack(entry, cached_note(entry.get("listed_at", 0), path))
     token = _launch_token()
     if dist.local_world_size > 1 and dist.local_rank != 0 and _writable(path.parent):
         entry = _wait(path, root, token)
@@ -143,7 +149,7 @@ def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed
     # One string a class ("\0" is in no key: XML cannot carry it): a fast load at 1M+ names.
     entry["names"] = {split: ["\0".join(files) for files in names[split]] for split in SPLITS}
     _save(path, entry)
-    return classes, names, digests
+    return classes, names, digests, ""
 
 
 def cache_path(root: str) -> Path:
@@ -223,9 +229,9 @@ def _well_formed(entry: Any, root: str) -> bool:
     )
 
 
-def _unpack(entry: dict[str, Any]) -> Listed:
+def _unpack(entry: dict[str, Any], cached: str = "") -> Listed:
     names = {split: [text.split("\0") if text else [] for text in entry["names"][split]] for split in SPLITS}
-    return tuple(entry["classes"]), names, dict(entry["digests"])
+    return tuple(entry["classes"]), names, dict(entry["digests"]), cached
 
 
 def _started() -> float:
