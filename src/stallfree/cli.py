@@ -39,7 +39,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=DEVICES, help="training device")
     p.add_argument("--epochs", type=int, help="number of epochs")
-    p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
+    p.add_argument("--out", help="run directory (default runs/<recipe>-<backend it runs>-<time>)")
     p.add_argument(
         "--set",
         dest="overrides",
