@@ -46,7 +46,8 @@ def one_step_trainer(path: Path, image_root: Path, overrides: list[str]) -> tupl
     import warnings
 
     from stallfree.recipe import apply_overrides, load_recipe
-    from stallfree.train.prepare import build_trainer, prepare
+    from stallfree.train.assemble import build_trainer
+    from stallfree.train.prepare import prepare
 
     recipe = apply_overrides(
         load_recipe(path),
@@ -79,13 +80,11 @@ def build_loader(
     """One loader of `split`, its backend resolved as a run resolves it ("auto" decided on
     `device`, the dataset listed unless given, "auto" counts measured), without the recipe's
     cross-key checks: tests build loaders from recipes a run would refuse (a val crop too big)."""
-    from stallfree.data import registry
-    from stallfree.data.choose import resolve_auto
-    from stallfree.train.prepare import RunContext
+    import dataclasses
 
-    recipe, dist = recipe.copy(), dist or DistInfo()
-    resolve_auto(recipe.loader, device, dist)
-    ctx = RunContext(recipe, device, dist, registry.resolve(recipe.loader), dataset)
+    from stallfree.train.prepare import prepare_recipe
+
+    ctx = dataclasses.replace(prepare_recipe(recipe, dist or DistInfo(), device), dataset=dataset)
     return ctx.with_dataset().with_loader_counts().loader(split)
 
 

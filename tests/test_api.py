@@ -46,6 +46,22 @@ def test_import_stallfree_does_not_import_torch() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.e2e
+def test_a_loader_is_built_without_the_training_stack() -> None:
+    """`stallfree.loader()` builds the run's settings, never the Trainer, model or optimizer."""
+    code = (
+        "import sys, stallfree\n"
+        "recipe = {'loader': {'backend': 'synthetic'}, 'augment': {'image_size': 32, 'resize_size': 36},"
+        " 'data': {'synthetic_samples': 16}, 'train': {'batch_size': 8, 'device': 'cpu'}}\n"
+        "with stallfree.loader(recipe) as loader:\n"
+        "    assert next(iter(loader)).images.shape == (8, 3, 32, 32)\n"
+        "heavy = {'stallfree.train.trainer', 'stallfree.models', 'stallfree.train.schedule'}\n"
+        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def _recipe_file(root: Path, tmp_path: Path, backend: str = "torch", **sections: dict[str, Any]) -> Path:
     """A small recipe over `root` with precision and device left to "auto", as a user writes it."""
     recipe = small_recipe(root, loader={"backend": backend}, **sections)

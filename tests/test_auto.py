@@ -15,7 +15,8 @@ from helpers import build_loader, small_recipe
 import stallfree.data.autotune as autotune
 import stallfree.data.choose as auto
 from stallfree.parallel import DistInfo
-from stallfree.recipe import load_recipe
+from stallfree.recipe import load_recipe, tomllib
+from stallfree.resolved import Resolved
 from stallfree.train.prepare import prepare, prepare_recipe
 from stallfree.train.run import train
 
@@ -58,8 +59,8 @@ def test_auto_on_a_cpu_run_is_resolved_once_and_said(
     recipe = small_recipe(image_root, loader={"backend": "auto"})
     with caplog.at_level(logging.INFO, logger="stallfree"):
         ctx = prepare_recipe(recipe, DistInfo())
-    resolved = ctx.recipe
-    assert resolved.loader.backend == auto.CPU_CHOICE
+    assert ctx.resolved.backend == ctx.backend.name == auto.CPU_CHOICE
+    assert ctx.recipe.loader.backend == "auto"  # the recipe as given; the record says the choice
     assert f"--loader auto: {auto.CPU_CHOICE} (CPU run" in caplog.text
     loader = ctx.with_dataset().loader("val")
     assert len(list(loader)) == len(loader) == 4
@@ -96,9 +97,9 @@ def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
     train(recipe, tmp_path / "run", progress=False)
     figures = json.loads((tmp_path / "run" / "autotune.json").read_text())
     assert figures["key"] == "loader.torch.workers" and figures["chosen"] in (1, 2, 3)
-    # The run's recipe says what ran, and beside it what was asked for; it loads as a recipe.
-    written = load_recipe(tmp_path / "run" / "recipe.toml").loader.torch
-    assert (written.workers, written.workers_requested) == (figures["chosen"], "auto")
+    # The run's recipe is the one given; resolved.toml says what "auto" chose.
+    assert load_recipe(tmp_path / "run" / "recipe.toml").loader.torch.workers == "auto"
+    assert _resolved(tmp_path / "run").workers == figures["chosen"]
     # A resume of the same "auto" recipe (here: from the first step's checkpoint, into a new
     # directory) takes the count from the checkpoint: no second measurement.
     monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured on resume"))
@@ -106,8 +107,12 @@ def test_a_run_records_what_auto_chose_and_a_resume_reuses_it(
         (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1])
     )[0]
     train(recipe, tmp_path / "resumed", progress=False, resume=str(first))
-    again = load_recipe(tmp_path / "resumed" / "recipe.toml").loader.torch
-    assert (again.workers, again.workers_requested) == (figures["chosen"], "auto")
+    assert _resolved(tmp_path / "resumed").workers == figures["chosen"]
+
+
+def _resolved(run: Path) -> Resolved:
+    """A run directory's resolved.toml."""
+    return Resolved.from_dict(tomllib.loads((run / "resolved.toml").read_text()), "resolved.toml")
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])

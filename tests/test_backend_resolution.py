@@ -58,31 +58,24 @@ def test_synthetic_decode_auto_is_chosen_once(image_root: Path, monkeypatch: pyt
     for split in ("train", "val"):
         ctx.loader(split).close()
     assert len(chosen) == 1
-    assert ctx.recipe.loader.synthetic_decode == "torch"
+    assert ctx.recipe.loader.synthetic_decode == "auto" and ctx.resolved.wraps == "torch"
     assert ctx.backend.inner is not None and ctx.backend.inner.name == "torch"
 
 
-def test_each_resolved_auto_is_recorded_beside_the_request(image_root: Path) -> None:
-    """The run's recipe says what ran and, beside it, that "auto" was asked; on another
-    machine a machine's fact is asked again, and a key set anew is a new request."""
-    from stallfree.parallel import DistInfo
-    from stallfree.recipe import apply_overrides, dump_toml, recipe_from_dict, tomllib
-    from stallfree.train.prepare import prepare_recipe
+def test_the_recipe_keeps_auto_and_the_record_says_what_it_became(image_root: Path) -> None:
+    """The run's recipe stays as given; its Resolved record holds what each "auto" became, and
+    reads back from resolved.toml's text the same."""
+    from stallfree.recipe import tomllib
+    from stallfree.resolved import Resolved
 
     recipe = small_recipe(
         image_root,
         train={"device": "auto", "precision": "auto"},
         loader={"backend": "auto", "io_depth": "auto"},
     )
-    ran = prepare(recipe).recipe
-    t, loader = ran.train, ran.loader
-    assert (t.device, t.device_requested) == ("cpu", "auto")
-    assert (t.precision, t.precision_requested) in (("fp32", "auto"), ("bf16", "auto"))
-    assert (loader.backend, loader.backend_requested) == (choose.CPU_CHOICE, "auto")
-    assert (loader.io_depth, loader.io_depth_requested) == (16, "auto")  # a local path's depth
-    recorded = recipe_from_dict(tomllib.loads(dump_toml(ran)))
-    assert prepare(recorded).recipe.to_dict() == ran.to_dict()  # the record reads back the same
-    asked = apply_overrides(recorded, ['train.device="cpu"', "loader.io_depth=3"])
-    again = prepare_recipe(asked, DistInfo()).recipe
-    assert (again.train.device, again.train.device_requested) == ("cpu", "")
-    assert again.loader.io_depth_requested == ""
+    ctx = prepare(recipe)
+    assert ctx.recipe.to_dict() == recipe.to_dict()  # "auto" everywhere it was
+    resolved = ctx.resolved
+    assert (resolved.device, resolved.backend, resolved.io_depth) == ("cpu", choose.CPU_CHOICE, 16)
+    assert resolved.precision in ("fp32", "bf16")
+    assert Resolved.from_dict(tomllib.loads(resolved.to_toml()), "resolved.toml") == resolved

@@ -10,7 +10,9 @@ import pytest
 import torch
 from helpers import small_recipe
 
-from stallfree.recipe import Recipe
+import stallfree.data.autotune as autotune
+from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
+from stallfree.resolved import Resolved
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.ckpt_format import FORMAT, CheckpointFormatError, upgrade
 from stallfree.train.evaluate import evaluate_checkpoint
@@ -18,16 +20,23 @@ from stallfree.train.run import train
 
 # Written by stallfree 0.3.0 before checkpoints carried a format (see its README).
 FORMAT_1 = Path(__file__).parent / "data" / "checkpoints" / "format1-ckpt-000000001.pt"
+# Written by stallfree 0.4.0, the last format whose recipe held what each "auto" became.
+FORMAT_5 = Path(__file__).parent / "data" / "checkpoints" / "format5-ckpt-000000001.pt"
 
 
-def _fixture_recipe(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Recipe:
-    """The recipe that wrote FORMAT_1, over the same demo data under the same relative root."""
+def _fixture_recipe(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto: bool = False
+) -> Recipe:
+    """The recipe that wrote FORMAT_1 (`auto`: FORMAT_5), over the same demo data under the
+    same relative root."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "demo").symlink_to(image_root)
+    asked = {"precision": "auto", "device": "auto"} if auto else {}
     return small_recipe(
         "demo",
         optim={"name": "sgd", "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0},
-        train={"epochs": 2, "batch_size": 16, "ckpt_every_steps": 1, "keep_checkpoints": 10},
+        train={"epochs": 2, "batch_size": 16, "ckpt_every_steps": 1, "keep_checkpoints": 10, **asked},
+        loader={"backend": "auto", "torch": {"workers": "auto"}} if auto else {},
     )
 
 
@@ -76,6 +85,37 @@ def test_upgrade_sets_the_defaults_of_keys_older_files_lack() -> None:
     assert not {"dali", "dali_list_start"} & set(new["ranks"][0]["loader"])
     best = upgrade({"model": {}, "epoch": 0, "recipe": {}}, FORMAT_1)  # a best.pt: weights only
     assert best["format"] == FORMAT and "counters" not in best
+
+
+def test_a_format_5_recipe_is_upgraded_to_the_one_given_and_its_record() -> None:
+    """Format 5 kept what each "auto" became in the recipe, `<key>_requested` beside it: the
+    upgrade gives back the recipe as given, and those values as the Resolved record."""
+    state = load_checkpoint(FORMAT_5)
+    assert state["upgraded_from"] == 5 and "_requested" not in str(state["recipe"])
+    recipe = recipe_from_dict(state["recipe"])
+    asked = (recipe.loader.backend, recipe.loader.io_depth, recipe.loader.torch.workers)
+    assert asked + (recipe.train.precision, recipe.train.device) == ("auto",) * 5
+    resolved = Resolved.from_dict(state["resolved"], str(FORMAT_5))
+    decided = (resolved.backend, resolved.device, resolved.precision, resolved.io_depth)
+    assert decided == ("torch", "cpu", "bf16", 16) and (resolved.workers, resolved.threads) == (3, 0)
+
+
+@pytest.mark.e2e
+def test_a_format_5_checkpoint_resumes_with_the_count_auto_chose(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its run's recipe, as given ("auto" everywhere), resumes from it: the worker count is
+    the one its start measured (3), not measured again, and the new files say so."""
+    recipe = _fixture_recipe(image_root, tmp_path, monkeypatch, auto=True)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(FORMAT_5, run / "checkpoints" / FORMAT_5.name.removeprefix("format5-"))
+    monkeypatch.setattr(autotune, "_measure", lambda *a: pytest.fail("measured on resume"))
+    summary = train(recipe, run, progress=False, resume="auto")
+    assert summary["optimizer_steps"] == 6 and summary["backend"] == "torch"
+    assert (run / "recipe.toml").read_text() == dump_toml(recipe)
+    written = torch.load(run / "checkpoints" / "ckpt-000000006.pt", weights_only=True)
+    assert written["recipe"] == recipe.to_dict() and written["resolved"]["workers"] == 3
 
 
 def test_upgrade_drops_a_loaders_own_random_state() -> None:

@@ -89,7 +89,7 @@ def test_sync_bn_converts_under_ddp_and_refuses_the_cpu() -> None:
     from stallfree.errors import StallfreeError
     from stallfree.models import build_model
     from stallfree.parallel import DistInfo
-    from stallfree.train.prepare import sync_batchnorm
+    from stallfree.train.assemble import sync_batchnorm
 
     recipe = small_recipe("", train={"sync_bn": True})
     model = build_model(recipe.model, 10)

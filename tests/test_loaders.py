@@ -156,7 +156,7 @@ def test_plugin_backend_by_module_path(image_root: Path) -> None:
 
 def test_plugin_declares_its_own_table(image_root: Path) -> None:
     """[loader.plugin] is checked against the dataclass the plug-in declares, like the
-    built-in tables: typed, defaults filled in (and so written to the run's recipe.toml),
+    built-in tables: typed, defaults filled in (and so written to the run's resolved.toml),
     an unknown key or a wrong type refused by name before anything runs."""
     from plugin_loader import Options
 
@@ -167,10 +167,9 @@ def test_plugin_declares_its_own_table(image_root: Path) -> None:
     loader = build_loader(recipe, "train", device=CPU)
     assert loader.options_seen == Options(brightness=2.0, tag="bright")
     assert isinstance(loader.options_seen.brightness, float)
-    prepared = prepare_recipe(
-        small_recipe(image_root, loader={"backend": "plugin_loader:build"}), DistInfo()
-    ).recipe
-    assert prepared.loader.plugin == {"brightness": 1.0, "tag": "plain"}
+    prepared = prepare_recipe(small_recipe(image_root, loader={"backend": "plugin_loader:build"}), DistInfo())
+    assert prepared.resolved.plugin == {"brightness": 1.0, "tag": "plain"}
+    assert prepared.recipe.loader.plugin == {}  # the recipe as given
     for table, error in (
         ({"brightnes": 2}, "unknown key 'loader.plugin.brightnes'; did you mean 'loader.plugin.brightness'"),
         ({"brightness": "high"}, "loader.plugin.brightness: expected float"),
@@ -203,8 +202,7 @@ def test_plugin_options_as_authors_write_them(image_root: Path) -> None:
             "loader.plugin.table.j=2",
         ],
     )
-    prepared = prepare_recipe(recipe, DistInfo()).recipe
-    loader = build_loader(prepared, "train", device=CPU)  # checks the written-back table again
+    loader = build_loader(recipe, "train", device=CPU)
     assert loader.options_seen == FrozenOptions(name="2024", inner=Inner(x=1, y=2), table={"k": 1, "j": 2})
     assert FrozenOptions().inner == Inner()  # the shared frozen default is left alone
     typo = apply_overrides(

@@ -109,7 +109,8 @@ def test_init_from_applies_after_pretrained(
     """pretrained weights first, then model.init_from's over them (fine-tuning a fine-tune)."""
     from helpers import small_recipe
 
-    from stallfree.train.prepare import build_trainer, prepare
+    from stallfree.train.assemble import build_trainer
+    from stallfree.train.prepare import prepare
 
     first, second = SmallCNN(num_classes=10).state_dict(), SmallCNN(num_classes=10).state_dict()
     torch.save(first, tmp_path / "a.pt")

@@ -12,7 +12,7 @@ from doc_pages import REPO, bash_lines, pages, shell_commands
 
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.data.tools.demo import CLASSES, write_demo
-from stallfree.train.prepare import steps_per_epoch
+from stallfree.train.assemble import steps_per_epoch
 
 README = (REPO / "README.md").read_text()
 

@@ -108,6 +108,28 @@ def test_every_shipped_recipe_loads_and_validates(path: Path) -> None:
     validate(load_recipe(path))
 
 
+def test_an_older_runs_recipe_reads_as_the_one_its_user_gave() -> None:
+    """Runs before the Resolved record wrote each "auto"'s result into recipe.toml with
+    `<key>_requested` beside it: "auto" comes back, the decided values and the keys go."""
+    written = {
+        "train": {
+            "precision": "bf16",
+            "precision_requested": "auto",
+            "device": "cpu",
+            "device_requested": "",
+        },
+        "loader": {
+            "backend": "torch",
+            "backend_requested": "auto",
+            "torch": {"workers": 3, "workers_requested": "auto"},
+        },
+    }
+    recipe = recipe_from_dict(written)
+    assert (recipe.train.precision, recipe.train.device) == ("auto", "cpu")
+    assert (recipe.loader.backend, recipe.loader.torch.workers) == ("auto", "auto")
+    assert "_requested" not in dump_toml(recipe) and written["train"]["precision"] == "bf16"
+
+
 def test_python_310_parser_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """On Python 3.10 recipe.py reads TOML with tomli, which has tomllib's API."""
     import importlib.util

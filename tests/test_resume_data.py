@@ -74,18 +74,20 @@ def test_a_changed_file_of_the_same_name_is_not_the_same_data(stopped: tuple[Pat
 
 def test_a_store_root_is_named_as_written_in_the_refusal(tmp_path: Path) -> None:
     """An s3:// root was resolved as a local path in the refusal ('/cwd/s3:/bucket/a')."""
+    from stallfree.resolved import Resolved
     from stallfree.train.resume import check_compatible
     from stallfree.version import __version__
 
-    before = small_recipe("s3://bucket/a")
+    before, resolved = small_recipe("s3://bucket/a"), Resolved(backend="torch")
     state = {
         "stallfree_version": __version__,
         "recipe": before.to_dict(),
+        "resolved": resolved.to_dict(),
         "world_size": 1,
         "ranks": [{"loader": {"epoch": 0, "position": 0}}],
     }
     with pytest.raises(ResumeError) as err:
-        check_compatible(state, small_recipe("s3://bucket/b"), 1, tmp_path / "ckpt.pt")
+        check_compatible(state, small_recipe("s3://bucket/b"), resolved, 1, tmp_path / "ckpt.pt")
     assert "checkpoint 's3://bucket/a', now 's3://bucket/b'" in str(err.value), err.value
 
 

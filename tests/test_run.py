@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import PYTHON, small_recipe, stop_after, torchrun_train, train_until_logged
 
 from stallfree.cli import main
 from stallfree.data.tools.demo import write_demo
-from stallfree.recipe import dump_toml, load_recipe
+from stallfree.recipe import dump_toml, load_recipe, tomllib
 from stallfree.train.checkpoint import load_checkpoint
 from stallfree.train.run import train
 
@@ -50,10 +51,7 @@ def test_short_demo_run_beats_chance(learnable_root: Path, tmp_path: Path) -> No
     # 10 classes: chance is 0.10; this run measured 0.33 (0.37 at 14 epochs, 0.23 at 7).
     assert summary["val_top1"] >= 0.25, summary
     run = tmp_path / "run"
-    expected = recipe.copy()  # recipe.toml holds what `auto` resolved to on this CPU
-    expected.train.precision, expected.train.precision_requested = summary["precision"], "auto"
-    expected.loader.io_depth, expected.loader.io_depth_requested = 16, "auto"  # a local path's
-    assert load_recipe(run / "recipe.toml") == expected
+    assert load_recipe(run / "recipe.toml") == recipe  # as given: "auto" stays "auto"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
     val_records = [r for r in records if "val_top1" in r]
@@ -95,6 +93,42 @@ def test_cli_train_with_overrides_and_compare(
     assert saved.train.batch_size == 4
     assert main(["compare", str(out)]) == 0
     assert "synthetic" in capsys.readouterr().out
+
+
+def test_a_cli_run_keeps_its_recipe_as_given_and_says_what_auto_became(
+    image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recipe.toml is the recipe after the flags and --set, "auto" kept; resolved.toml and the
+    checkpoints say what it became; each check of the recipe runs once; the default folder is
+    named by the backend that ran."""
+    import stallfree.data.registry as registry
+    import stallfree.recipe as recipe_module
+
+    checks: list[str] = []
+    for real in (recipe_module.validate, registry.check_data_root):
+
+        def counted(recipe: Any, real: Any = real) -> None:
+            checks.append(real.__name__)
+            real(recipe)
+
+        for name, module in list(sys.modules.items()):
+            if name.startswith("stallfree") and getattr(module, real.__name__, None) is real:
+                monkeypatch.setattr(module, real.__name__, counted)
+    monkeypatch.chdir(tmp_path)
+    given = small_recipe(image_root, train={"precision": "auto"})
+    Path("r.toml").write_text(dump_toml(given))
+    flags = ["--loader", "auto", "--epochs", "1", "--set", "train.batch_size=10", "--no-progress"]
+    assert main(["train", "r.toml", *flags]) == 0
+    assert sorted(checks) == ["check_data_root", "validate"]
+    (run,) = Path("runs").iterdir()
+    assert run.name.startswith("r-torch-")  # --loader auto chose torch on this CPU
+    given.loader.backend, given.train.batch_size = "auto", 10
+    assert (run / "recipe.toml").read_text() == dump_toml(given)
+    resolved = tomllib.loads((run / "resolved.toml").read_text())
+    assert (resolved["backend"], resolved["device"], resolved["io_depth"]) == ("torch", "cpu", 16)
+    saved = load_checkpoint(max((run / "checkpoints").glob("ckpt-*.pt")))
+    assert saved["recipe"] == given.to_dict() and saved["resolved"] == resolved
+    assert f"torch loader, small_cnn, cpu, precision {resolved['precision']}" in capsys.readouterr().err
 
 
 def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -253,14 +287,14 @@ def test_warmup_longer_than_the_run_is_warned(image_root: Path, tmp_path: Path) 
         train(recipe, tmp_path / "run", progress=False)
 
 
-def test_summary_and_recipe_carry_the_resolved_precision(image_root: Path, tmp_path: Path) -> None:
+def test_summary_and_record_carry_the_resolved_precision(image_root: Path, tmp_path: Path) -> None:
     from stallfree.train.precision import cpu_has_native_bf16
 
     recipe = small_recipe(image_root, train={"precision": "auto", "batch_size": 16})
     summary = train(recipe, tmp_path / "run", progress=False)
     expected = "bf16" if cpu_has_native_bf16() else "fp32"
     assert summary["precision"] == expected
-    assert load_recipe(tmp_path / "run" / "recipe.toml").train.precision == expected
+    assert tomllib.loads((tmp_path / "run" / "resolved.toml").read_text())["precision"] == expected
 
 
 def test_the_cli_imports_without_torch() -> None:

@@ -91,9 +91,9 @@ def test_a_run_from_the_store_is_the_run_from_a_local_copy(
     mine, theirs = local_weights(fmt, backend), final_weights(tmp_path / "run")
     for name, tensor in mine.items():
         assert torch.equal(tensor, theirs[name]), name
-    if remote["scheme"] == "s3":  # recipe.toml names the store the run read, never a credential
+    if remote["scheme"] == "s3":  # resolved.toml names the store the run read, never a credential
         endpoint = remote["server"].endpoint
-        assert f'endpoint_url = "{endpoint}"' in (tmp_path / "run" / "recipe.toml").read_text()
+        assert f'endpoint_url = "{endpoint}"' in (tmp_path / "run" / "resolved.toml").read_text()
     # Credentials come from the environment's standard variables and go nowhere else.
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():

@@ -37,24 +37,26 @@ def loader(
     """
     import torch
 
-    from stallfree.recipe import RecipeError, apply_overrides
+    from stallfree.data.registry import check_data_root
+    from stallfree.recipe import RecipeError, apply_flags, validate
     from stallfree.train.prepare import prepare_recipe
 
     if split not in SPLITS:
         raise RecipeError(f"stallfree.loader: split {split!r}; choose one of {', '.join(SPLITS)}")
-    resolved = _load(recipe)
-    if device is not None:
-        # train.device names a kind; a device with an index (or the CPU) is handed to prepare.
-        apply_overrides(resolved, [f"train.device={torch.device(device).type}"])
-    apply_overrides(resolved, [overrides] if isinstance(overrides, str) else list(overrides))
-    _set_fields(resolved, fields)
-    # The CLI's order (train/run.py): validate and resolve precision, device and backend, list
-    # the dataset once, decide "auto" worker/thread counts, then build.
+    given = _load(recipe)
+    # train.device names a kind; a device with an index (or the CPU) is handed to prepare.
+    flags = {"train.device": torch.device(device).type} if device is not None else {}
+    apply_flags(given, flags, [overrides] if isinstance(overrides, str) else list(overrides))
+    _set_fields(given, fields)
+    # The CLI's order (cli.py, train/run.py): check the recipe once, resolve precision, device
+    # and backend, list the dataset once, decide "auto" worker/thread counts, then build.
+    validate(given)
+    check_data_root(given)
     # Precision, `--loader auto`'s probe and "auto" counts are resolved on the device given.
     # A bare "cuda" is this rank's GPU (LOCAL_RANK), as train.device = "cuda" means.
     exact = torch.device(device) if device is not None else None
     exact = exact if exact is None or exact.index is not None or exact.type == "cpu" else None
-    ctx = prepare_recipe(resolved, _dist(rank, world_size), exact).with_dataset().with_loader_counts()
+    ctx = prepare_recipe(given, _dist(rank, world_size), exact).with_dataset().with_loader_counts()
     return ctx.loader(split)
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Torch-free imports only: `stallfree --help` answers at once; commands import what they need.
 from stallfree.commands import bench as _bench
@@ -24,7 +25,7 @@ from stallfree.recipe import (
     DEVICES,
     Recipe,
     RecipeError,
-    apply_overrides,
+    apply_flags,
     load_recipe,
     validate,
 )
@@ -38,7 +39,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loader", help=f"loader backend: {' | '.join([AUTO, *BACKENDS])} | module:function")
     p.add_argument("--device", choices=DEVICES, help="training device")
     p.add_argument("--epochs", type=int, help="number of epochs")
-    p.add_argument("--out", help="run directory (default runs/<recipe>-<loader>-<time>)")
+    p.add_argument("--out", help="run directory (default runs/<recipe>-<backend it runs>-<time>)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -140,32 +141,29 @@ def _add_verbose(parser: argparse.ArgumentParser, default: object) -> None:
 
 
 def resolve_recipe(args: argparse.Namespace, paths: bool = False) -> Recipe:
-    """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides;
-    `paths`: check the files it names too. Torch-free, so a mistake is said at once."""
-    recipe = load_recipe(args.recipe)
-    overrides = flag_overrides(args)
-    recipe = apply_overrides(recipe, overrides)
+    """Load the recipe, then apply the flags (--loader, --device, --epochs) and --set overrides:
+    the recipe as given, checked here, once; `paths`: the files it names too. Torch-free, so
+    a mistake is said at once."""
+    recipe = apply_flags(load_recipe(args.recipe), flag_values(args), args.overrides)
     try:  # the rules across keys, checked here so that the message says where the recipe came from
         validate(recipe)
         check_data_root(recipe)
         if paths:  # a resumed run reads its checkpoint's weights, not model.init_from
             check_paths(recipe, weights=args.command == "train" and not args.resume)
     except RecipeError as exc:
-        flags = " with its flags and --set overrides" if overrides else ""
+        flags = " with its flags and --set overrides" if flag_values(args) or args.overrides else ""
         raise RecipeError(f"{args.recipe}{flags}: {exc}") from exc
     return recipe
 
 
-def flag_overrides(args: argparse.Namespace) -> list[str]:
-    """The flags (--loader, --device, --epochs) as overrides, then the --set ones."""
-    overrides = list(args.overrides)
-    if args.loader:
-        overrides.insert(0, f"loader.backend={args.loader}")
-    if args.device:
-        overrides.insert(0, f"train.device={args.device}")
-    if getattr(args, "epochs", None) is not None:
-        overrides.insert(0, f"train.epochs={args.epochs}")
-    return overrides
+# Each flag that sets a recipe key, as its typed value (applied before the --set overrides).
+_FLAG_KEYS = {"epochs": "train.epochs", "device": "train.device", "loader": "loader.backend"}
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given (--loader, --device, --epochs) by the recipe key each sets."""
+    given = {key: getattr(args, flag, None) for flag, key in _FLAG_KEYS.items()}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -180,8 +178,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from stallfree.train.slurm import maybe_requeue
     from stallfree.train.trainer import PreemptedError
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = args.out or f"runs/{Path(args.recipe).stem}-{recipe.loader.backend}-{stamp}"
+    out = args.out  # None: train names runs/<recipe>-<the backend that runs>-<time>
     # Slurm's SIGUSR1 ("time is nearly up") during start-up is honoured after the first step:
     # save, then requeue; one after the run has finished is only remembered (main's handler).
     try:
@@ -189,12 +186,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             summary = train(
                 recipe,
                 out,
+                name=Path(args.recipe).stem,
                 progress=show_progress(not args.no_progress),
                 resume=args.resume,
                 force=args.force,
                 profile_steps=args.profile,
             )
     except PreemptedError as exc:
+        out = out or exc.run_dir
         code = INTERRUPTED_EXIT_CODE if exc.signal == "SIGINT" else PREEMPTED_EXIT_CODE
         LOGGER.warning(
             f"{exc} ({exc.signal}); checkpoint saved in {out}/checkpoints. Resume "
@@ -205,7 +204,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return code
     if _rank() == 0:  # the job's result, once
         print(
-            f"{out}: "
+            f"{out or summary['run_dir']}: "
             + ", ".join(
                 f"{k}={format_figure(k, v)}"
                 for k, v in summary.items()
@@ -221,7 +220,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from stallfree.train.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(
-        recipe, args.checkpoint, overrides=flag_overrides(args), given=args.recipe or ""
+        recipe, args.checkpoint, flags=flag_values(args), overrides=args.overrides, given=args.recipe or ""
     )
     if _rank() == 0:
         if args.json:

@@ -8,10 +8,12 @@ same rules.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import sys
 import typing
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +28,6 @@ else:  # Python 3.10 (NVIDIA containers of 2024): the same parser, packaged as t
 
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
-Requested = Literal["", "auto"]  # a `<key>_requested`: "auto" when <key> holds what it resolved to
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = typing.get_args(Device)  # train.device and every command's --device
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS
@@ -140,8 +141,6 @@ class TrainConfig:
     accum_steps: int = field(default=1, metadata=at_least(1))
     # auto: what the device runs natively (see train/precision.py); resolved once at start.
     precision: Precision = "auto"
-    # "auto" when the key beside it holds what "auto" resolved to (set by a run, not by hand).
-    precision_requested: Requested = ""
     max_grad_norm: float = field(default=0.0, metadata=at_least(0))  # 0: no clipping
     seed: int = 0
     log_every: int = field(default=20, metadata=at_least(1))
@@ -155,10 +154,8 @@ class TrainConfig:
     # Each loaded batch runs in chunks of this size (0: whole); "auto" finds the largest that
     # fits. The global batch, the samples and the loader positions stay as they are.
     micro_batch: int | Literal["auto"] = field(default=0, metadata=at_least(0))
-    micro_batch_requested: Requested = ""  # the size found on every rank of a DDP run
     max_nonfinite_steps: int = field(default=10, metadata=at_least(1))
     device: Device = "auto"
-    device_requested: Requested = ""
     ckpt_every_steps: int = field(default=0, metadata=at_least(0))  # 0: at epoch ends only
     # >= 2: a crash in the middle of a save must leave one good checkpoint.
     keep_checkpoints: int = field(default=3, metadata=at_least(2))
@@ -172,10 +169,8 @@ class TorchLoaderConfig:
     """`[loader.torch]`: the DataLoader backend's own keys."""
 
     # -1: this rank's share of the cores; "auto": the fastest count near it, measured at start
+    # (a run's resolved.toml and checkpoints say which; a resume reuses it, not measuring again)
     workers: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
-    # "auto": `workers` holds the count that "auto" chose (a run's recipe.toml and checkpoints
-    # say so, and a resume reuses the count instead of measuring again).
-    workers_requested: Requested = ""
     # Strict comparison: decode every JPEG in full, as DALI does, instead of DCT-scaled where the
     # crop allows (slower); train crops then match DALI's within a grey level at any size.
     exact_decode: bool = False
@@ -187,7 +182,6 @@ class DaliLoaderConfig:
 
     # -1 or 0: this rank's share; "auto": the fastest count near it, measured at start
     threads: int | Literal["auto"] = field(default=-1, metadata=at_least(-1))
-    threads_requested: Requested = ""  # as loader.torch.workers_requested
     device: Literal["auto", "cpu"] = "auto"  # cpu: keep the graph on the CPU, even on a GPU run
     decode: Literal["auto", "cpu"] = "auto"  # cpu: decode on the CPU, augment on the GPU
     hw_decoder_load: float = 0.65  # share of JPEGs for the A100+ hardware decoder
@@ -196,7 +190,6 @@ class DaliLoaderConfig:
 @dataclass(kw_only=True, slots=True)
 class LoaderConfig:
     backend: str = "torch"  # dali | torch | synthetic | synthetic-decode | auto | module:function
-    backend_requested: Requested = ""  # as train.precision_requested
     # synthetic-decode: the pipeline that decodes the in-memory files ("auto": as --loader auto)
     synthetic_decode: Literal["auto", "torch", "dali"] = "auto"
     prefetch: int = field(default=2, metadata=at_least(1))  # batches queued ahead
@@ -204,7 +197,6 @@ class LoaderConfig:
     # object storage every read waits milliseconds, so many must be in flight.
     # "auto": 16 from a path, 64 from an s3:// root (data/readers/inflight.py says why).
     io_depth: int | Literal["auto"] = field(default="auto", metadata=at_least(1))
-    io_depth_requested: Requested = ""
     torch: TorchLoaderConfig = field(default_factory=TorchLoaderConfig)
     dali: DaliLoaderConfig = field(default_factory=DaliLoaderConfig)
     # A module:function backend's own keys, checked against the dataclass it declares
@@ -214,7 +206,8 @@ class LoaderConfig:
 
 @dataclass(kw_only=True, slots=True)
 class Recipe:
-    """The whole resolved configuration of one run."""
+    """The whole configuration of one run, as the user gave it ("auto" stays "auto": what it
+    became on a run is that run's `Resolved` record, stallfree.resolved)."""
 
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -242,9 +235,31 @@ _MOVED = {
 }
 
 
+# Keys whose "auto" older runs (checkpoint format 5 and before) overwrote in their recipe.toml
+# and checkpoints with what it became, writing `<key>_requested = "auto"` beside it.
+_REQUESTED: tuple[str, ...] = ("train.device", "train.precision", "train.micro_batch", "loader.backend")
+_REQUESTED += ("loader.io_depth", "loader.torch.workers", "loader.dali.threads")
+
+
+def lift_requested(raw: dict[str, Any]) -> dict[str, Any]:
+    """An older run's recipe (a dict, changed in place) as the user gave it: each `<key>_requested`
+    dropped, "auto" back where it was "auto"; returns {dotted key: what that "auto" became}."""
+    chosen: dict[str, Any] = {}
+    for dotted in _REQUESTED:
+        *tables, key = dotted.split(".")
+        table: Any = raw
+        for name in tables:
+            table = table.get(name) if isinstance(table, dict) else None
+        if isinstance(table, dict) and table.pop(f"{key}_requested", "") == "auto" and key in table:
+            chosen[dotted], table[key] = table[key], "auto"
+    return chosen
+
+
 def recipe_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Recipe:
-    """Build a Recipe from nested dicts, refusing unknown tables and keys, wrong types and values."""
-    recipe = Recipe()
+    """Build a Recipe from nested dicts, refusing unknown tables and keys, wrong types and values
+    (an older run's recipe.toml reads as the recipe its user gave: `lift_requested`)."""
+    recipe, raw = Recipe(), copy.deepcopy(raw)
+    lift_requested(raw)
     for section, table in raw.items():
         if section not in Recipe.__dataclass_fields__:
             raise RecipeError(
@@ -333,13 +348,14 @@ def set_key(recipe: Recipe, dotted: str, value: Any, source: str) -> None:
         nested, key = {key: nested}, name
     recipe_from_dict({tables[0]: {key: nested}}, source)  # checks the table name first
     set_field(getattr(recipe, tables[0]), tables[0], key, nested, source, _MOVED)
-    # A key set anew is a new request: the record that "auto" chose its value no longer holds.
-    owner: Any = recipe
-    for name in dotted.split(".")[:-1]:
-        owner = getattr(owner, name, None)
-    request = f"{dotted.rsplit('.', 1)[-1]}_requested"
-    if owner is not None and not dotted.endswith("_requested") and hasattr(owner, request):
-        setattr(owner, request, "")
+
+
+def apply_flags(recipe: Recipe, flags: Mapping[str, Any], overrides: Sequence[str] = ()) -> Recipe:
+    """A command's flags as typed values (`{"loader.backend": "dali"}` for --loader dali), then
+    its --set overrides, in order."""
+    for dotted, value in flags.items():
+        set_key(recipe, dotted, value, f"the flag for {dotted}")
+    return apply_overrides(recipe, list(overrides))
 
 
 def validate(recipe: Recipe) -> None:

@@ -25,11 +25,13 @@ from stallfree.bench.limit import dali_single_thread, measure_limit, median_limi
 from stallfree.bench.usage import ResourceSampler
 from stallfree.bench.variants import BENCH_VARIANTS, installed_peers
 from stallfree.data.loader import Batch, Loader
+from stallfree.data.registry import check_data_root
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo, cpu_cores
-from stallfree.recipe import AugmentConfig, Recipe, apply_overrides, recipe_from_dict
+from stallfree.recipe import AugmentConfig, Recipe, apply_flags, apply_overrides, recipe_from_dict, validate
+from stallfree.train.assemble import build_trainer
 from stallfree.train.precision import cpu_has_native_bf16
-from stallfree.train.prepare import RunContext, build_trainer, prepare, prepare_recipe
+from stallfree.train.prepare import RunContext, prepare, prepare_recipe
 
 MODES = ("loader", "train")
 
@@ -165,7 +167,7 @@ def measure_bare_loop(recipe: Recipe, warmup: int, steps: int) -> dict[str, Any]
     size, batch = recipe.augment.size_at(0), recipe.train.batch_size
     images = torch.randn(batch, 3, size, size, device=device).to(memory_format=memory_format)
     labels = torch.randint(0, classes, (batch,), device=device)
-    policy = PrecisionPolicy(recipe.train.precision, device.type)
+    policy = PrecisionPolicy(ctx.resolved.precision, device.type)
     loss_fn = torch.nn.CrossEntropyLoss()
     started = 0.0
     for step in range(warmup + steps):
@@ -288,9 +290,13 @@ def _variants(backend: str, cfg: BenchConfig) -> list[tuple[str | None, list[str
 def run_bench(recipe: Recipe, cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     """Warm up, repeat and interleave every (mode, backend, workers); return all records."""
     cfg.validate()
-    # `precision = auto` (and --loader auto) decided once, here, for every child. Only that:
-    # a "auto" worker/thread count is measured in each child, for the backend it runs.
-    recipe = prepare_recipe(recipe, DistInfo()).recipe
+    validate(recipe)
+    check_data_root(recipe)
+    # The device, `precision = auto` and --loader auto decided once, here, for every child. Only
+    # that: an "auto" worker/thread count is measured in each child, for the backend it runs.
+    decided = prepare_recipe(recipe, DistInfo()).resolved
+    pinned = {"train.device": decided.device, "train.precision": decided.precision}
+    recipe = apply_flags(recipe.copy(), {**pinned, "loader.backend": decided.backend})
     runs = [
         (mode, backend, knob, sets)
         for mode in cfg.modes

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from stallfree.bench.variants import BENCH_VARIANTS
-from stallfree.recipe import DEVICES, RecipeError, apply_overrides, load_recipe
+from stallfree.recipe import DEVICES, RecipeError, apply_flags, load_recipe
 
 
 def _int_list(text: str) -> list[int]:
@@ -56,8 +56,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from stallfree.bench.runner import BenchConfig, run_bench
     from stallfree.train.rundir import RunDir
 
-    recipe = load_recipe(args.recipe)
-    apply_overrides(recipe, ([f"train.device={args.device}"] if args.device else []) + args.overrides)
+    flags = {"train.device": args.device} if args.device else {}
+    recipe = apply_flags(load_recipe(args.recipe), flags, args.overrides)
     config = BenchConfig(
         modes=[m for m in args.mode.split(",") if m],
         repeats=args.repeats,

@@ -3,8 +3,8 @@
 Once a run, before its first step (`RunContext.with_loader_counts`), the loader is built with
 each count around this rank's share of the cores and timed on the training split; the fastest
 is kept for every loader of the run. All ranks of a node measure at once, so each count is timed
-under the contention it will train under. The count is written into the run's recipe with "auto"
-beside it (`record`), and a resume takes it from its checkpoint (`chosen_before`).
+under the contention it will train under. The count goes into the run's Resolved record (not the
+recipe, which keeps "auto"), and a resume takes it from its checkpoint's (`chosen_before`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from stallfree.parallel import cpu_workers
 if TYPE_CHECKING:  # annotations only: data/build.py calls this one, never the reverse
     from stallfree.data.loader import Loader, LoaderSpec
     from stallfree.data.registry import ResolvedBackend
-    from stallfree.recipe import LoaderConfig
+    from stallfree.resolved import Resolved
 
 IMAGES = 256  # timed per candidate: enough to average over decode sizes, a second or two
 
@@ -35,25 +35,22 @@ def asks_auto(backend: ResolvedBackend) -> bool:
     return backend.knob is not None and getattr(backend.options, backend.knob[1]) == "auto"
 
 
-def chosen_before(previous: dict[str, Any] | None, backend: ResolvedBackend) -> int | None:
-    """The count "auto" chose at this run's start, from a checkpoint's recipe (a dict); None
-    when that recipe holds none (another backend, no "auto", or written before this record)."""
+def chosen_before(previous: Resolved | None, backend: ResolvedBackend) -> int | None:
+    """The count "auto" chose at this run's start, from its checkpoint's Resolved record; None
+    when that record holds none (another backend, or no "auto" asked)."""
     knob = backend.knob
-    if previous is None or knob is None or previous["loader"].get("backend") != backend.name:
+    if previous is None or knob is None or previous.backend != backend.name:
         return None
-    table = previous["loader"].get(knob[0], {})
-    count = table.get(knob[1])
-    chosen = table.get(f"{knob[1]}_requested") == "auto" and isinstance(count, int)
-    return count if chosen and not isinstance(count, bool) else None
+    count: int = getattr(previous, knob[1])  # the record names it as the key: workers, threads
+    return count or None
 
 
-def record(loader: LoaderConfig, backend: ResolvedBackend, count: int) -> None:
-    """Put the chosen `count` in the tuned key, and "auto" beside it as the request."""
+def with_count(backend: ResolvedBackend, count: int) -> ResolvedBackend:
+    """`backend` whose typed options hold `count` in the tuned key (the recipe keeps "auto")."""
     if backend.knob is None:
         raise ValueError(f'backend {backend.name!r} has no count that "auto" tunes')
-    table = getattr(loader, backend.knob[0])
-    setattr(table, backend.knob[1], count)
-    setattr(table, f"{backend.knob[1]}_requested", "auto")
+    options = dataclasses.replace(backend.options, **{backend.knob[1]: count})
+    return dataclasses.replace(backend, options=options)
 
 
 def tuned_count(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any]]:

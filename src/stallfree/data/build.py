@@ -39,23 +39,32 @@ def build_loader(
     dist: DistInfo,
     dataset: Dataset | None,
     backend: ResolvedBackend,
+    precision: str,
 ) -> Loader:
     """Build the backend's loader of `split` ("train" or "val") for this rank from the listed
-    dataset. `backend`: the run's, resolved once, its "auto" count decided (RunContext)."""
+    dataset. `backend`: the run's, resolved once, its "auto" count decided (RunContext);
+    `precision`: the run's, "auto" decided (images arrive in its autocast dtype)."""
     if asks_auto(backend):
         raise ValueError(
             f'{tuned_key(backend)} = "auto": decide it before building loaders '
             "(RunContext.with_loader_counts, which stallfree.loader() and every command call)"
         )
-    return backend.build(loader_spec(recipe, split, device, dist, dataset, backend))
+    return backend.build(loader_spec(recipe, split, device, dist, dataset, backend, precision))
 
 
 def measure_auto_count(
-    recipe: Recipe, backend: ResolvedBackend, *, device: torch.device, dist: DistInfo, dataset: Dataset | None
+    recipe: Recipe,
+    backend: ResolvedBackend,
+    *,
+    device: torch.device,
+    dist: DistInfo,
+    dataset: Dataset | None,
+    precision: str,
 ) -> tuple[int, dict[str, Any] | None]:
     """The count `workers`/`threads = "auto"` takes for this run (timed on the train split,
     data/autotune.py), and the figures."""
-    return tuned_count(loader_spec(recipe, "train", device, dist, dataset, backend), backend)
+    spec = loader_spec(recipe, "train", device, dist, dataset, backend, precision)
+    return tuned_count(spec, backend)
 
 
 def loader_spec(
@@ -65,6 +74,7 @@ def loader_spec(
     dist: DistInfo,
     dataset: Dataset | None,
     backend: ResolvedBackend,
+    precision: str,
 ) -> LoaderSpec:
     """What every backend is built from: the recipe's facts and the backend's typed options."""
     if dataset is None and backend.needs_data:
@@ -78,7 +88,7 @@ def loader_spec(
         batch_size=recipe.train.batch_size,
         seed=recipe.train.seed,
         device=device,
-        dtype=loader_dtype(recipe.train.precision, device),
+        dtype=loader_dtype(precision, device),
         channels_last=recipe.train.channels_last,
         dist=dist,
         max_pixels=recipe.data.max_pixels,

@@ -9,11 +9,12 @@ pixels differ, their distribution does not; val pixels agree within 2 grey level
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -100,22 +101,24 @@ def choose_backend(device: torch.device, local_world_size: int = 1) -> Choice:
     )
 
 
-def resolve_auto(loader: LoaderConfig, device: torch.device, dist: DistInfo, *, say: bool = False) -> None:
-    """Decide `loader.backend = "auto"` (or a wrapper's "auto", synthetic-decode's) for
-    `device`, in place: the choice goes into the recipe, which the run directory keeps.
-    `say`: log the choice and its reason (rank 0 of a run)."""
+def resolve_auto(
+    loader: LoaderConfig, device: torch.device, dist: DistInfo, *, say: bool = False
+) -> LoaderConfig:
+    """`loader` with `backend = "auto"` (or a wrapper's "auto", synthetic-decode's) decided for
+    `device`: a copy, that the backend is resolved from; `loader` itself keeps "auto" (the run's
+    Resolved record says what it became). `say`: log the choice and its reason (rank 0 of a run)."""
     entry = BACKENDS.get(loader.backend)
     wrapped_auto = entry is not None and entry.wraps and getattr(loader, entry.wraps) == AUTO
     if loader.backend != AUTO and not wrapped_auto:
-        return
+        return loader
     # Through the module attribute, so that a test's stand-in is the one asked.
     choice: Choice = sys.modules[__name__].choose_backend(device, dist.local_world_size)
-    if choice.dali_decode == "cpu":  # nvJPEG failed on this GPU: DALI decodes on the CPU
-        loader.dali.decode = "cpu"
+    # nvJPEG failed on this GPU: DALI decodes on the CPU
+    dali = dataclasses.replace(loader.dali, decode="cpu") if choice.dali_decode == "cpu" else loader.dali
     if wrapped_auto:
         assert entry is not None
-        setattr(loader, entry.wraps, choice.backend)
-        return
-    loader.backend, loader.backend_requested = choice.backend, "auto"
+        wrapped: dict[str, Any] = {entry.wraps: choice.backend}
+        return dataclasses.replace(loader, dali=dali, **wrapped)
     if say and dist.rank == 0:
         LOGGER.info(f"--loader auto: {choice.backend} ({choice.why})")
+    return dataclasses.replace(loader, backend=choice.backend, dali=dali)

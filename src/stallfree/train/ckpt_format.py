@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.errors import StallfreeError
+from stallfree.recipe import lift_requested
+from stallfree.resolved import resolved_of_old_recipe
 from stallfree.version import __version__
 
 # Each `_to_<N>` below says what format N brought; formats 0 and 1 are unstamped (`format_of`).
-FORMAT = 5
+FORMAT = 6
 
 
 class CheckpointFormatError(StallfreeError, ValueError):
@@ -111,10 +113,20 @@ def _to_5(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def _to_6(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 6: "recipe" as the user gave it, and "resolved", what its "auto" values became
+    (stallfree.resolved). Older recipes held those values, `<key>_requested = "auto"` beside."""
+    if "recipe" in state:  # a bare state dict has neither
+        chosen = lift_requested(state["recipe"])
+        state["resolved"] = resolved_of_old_recipe(state["recipe"], chosen)
+    return state
+
+
 _STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _to_1,
     2: _to_2,
     3: _to_3,
     4: _to_4,
     5: _to_5,
+    6: _to_6,
 }

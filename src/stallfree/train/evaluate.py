@@ -6,7 +6,7 @@ sample count are the same on 1 and on N ranks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe
+from stallfree.resolved import Resolved
 from stallfree.train.accuracy import evaluate_model
 from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
@@ -24,21 +25,30 @@ from stallfree.train.recipe_match import checkpoint_recipe, hold_to_checkpoint, 
 
 
 def evaluate_checkpoint(
-    recipe: Recipe | None, checkpoint: str | Path, *, overrides: Sequence[str] = (), given: str = ""
+    recipe: Recipe | None,
+    checkpoint: str | Path,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+    given: str = "",
 ) -> dict[str, Any]:
     """Load the checkpoint's weights into the recipe's model and evaluate the val split
     (top-1, top-5, the mean cross-entropy without label smoothing, and the samples read).
 
-    `recipe` None: the checkpoint's own, with `overrides`; a recipe (from the file `given`) is
-    held to the checkpoint's: classes, their names, sizes and normalisation (recipe_match)."""
+    `recipe` None: the checkpoint's own, with the command's `flags` (typed values by recipe
+    key) and `overrides`, and its "auto" worker/thread count; a recipe (from the file `given`,
+    checked by the caller) is held to the checkpoint's: classes, their names, sizes and
+    normalisation (recipe_match)."""
     dist = DistInfo.from_env()
     checkpoint = resolve_checkpoint(checkpoint)
     state = load_checkpoint(checkpoint)
+    previous = None
     if recipe is None:
-        recipe = own_recipe(checkpoint_recipe(state, checkpoint), overrides, checkpoint)
+        recipe = own_recipe(checkpoint_recipe(state, checkpoint), flags or {}, overrides, checkpoint)
+        previous = Resolved.from_dict(state["resolved"], f"{checkpoint}'s resolved record")
     else:  # held to the checkpoint as strictly as a file (a Python caller passes none)
         given = given or "the recipe given"
-    ctx = prepare(recipe, dist)
+    ctx = prepare(recipe, dist, previous)
     recipe, device = ctx.recipe, ctx.device
     hold_to_checkpoint(recipe, ctx.num_classes, ctx.class_names, state, checkpoint, given=given)
     init_distributed(dist, device)
@@ -49,7 +59,7 @@ def evaluate_checkpoint(
         if recipe.train.channels_last:
             # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        policy = PrecisionPolicy(recipe.train.precision, device.type)
+        policy = PrecisionPolicy(ctx.resolved.precision, device.type)
         result = evaluate_model(model.to(device), loader, policy, device, dist)
     finally:
         loader.close()
@@ -60,6 +70,6 @@ def evaluate_checkpoint(
         "val_loss": result["val_loss"],
         "samples": result["val_samples"],
         "checkpoint": str(checkpoint),
-        "precision": recipe.train.precision,
+        "precision": ctx.resolved.precision,
         "world_size": dist.world_size,
     }

@@ -1,18 +1,17 @@
-"""The run context and the builders: recipe -> resolved facts -> model, optimizer, schedule and
-Trainer. Shared by `train`, `eval` and `bench`, so each fact has one place where it is worked out.
+"""The run's settings: recipe -> `RunContext` (the device, ranks, loader backend, dataset and
+the `Resolved` record of what each "auto" became). Shared by `train`, `eval`, `bench` and
+`stallfree.loader()`, so each fact has one place where it is worked out. It imports no
+Trainer, model or optimizer code (train/assemble.py builds those from a RunContext).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
-import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from torch import nn
 
 from stallfree.data import autotune, registry, storage
 from stallfree.data.build import build_loader, measure_auto_count
@@ -20,34 +19,29 @@ from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader
 from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
 from stallfree.data.readers.inflight import reads_in_flight
-from stallfree.data.registry import AUTO, ResolvedBackend
+from stallfree.data.registry import ResolvedBackend
 from stallfree.log import LOGGER
-from stallfree.metrics import SinkSet
-from stallfree.models import build_model
-from stallfree.models.init import init_from
 from stallfree.parallel import DistInfo
-from stallfree.recipe import Device, Precision, Recipe, RecipeError, validate
+from stallfree.recipe import Recipe, RecipeError
+from stallfree.resolved import Resolved
 from stallfree.train.checkpoint import ResumePoint
-from stallfree.train.distributed import resolve_device, wrap_model
-from stallfree.train.ema import ModelEma
-from stallfree.train.microbatch import MicroBatcher
-from stallfree.train.mix import Mixer
+from stallfree.train.distributed import resolve_device
 from stallfree.train.precision import resolve_precision
-from stallfree.train.schedule import build_optimizer, warmup_cosine
-from stallfree.train.trainer import Trainer, TrainerConfig
 from stallfree.version import __version__
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunContext:
-    """One run's resolved facts: the recipe with every "auto" decided, the device, the ranks,
-    the loader backend (resolved once: name, builder, typed options, tuned count) and (once
-    listed) the dataset. Everything derived from them is a property here."""
+    """One run's settings: the recipe as given (never changed), the device, the ranks, the
+    loader backend (resolved once: name, builder, typed options, tuned count), the `Resolved`
+    record of what each "auto" became and (once listed) the dataset. Everything derived from
+    them is a property here."""
 
     recipe: Recipe
     device: torch.device
     dist: DistInfo
     backend: ResolvedBackend
+    resolved: Resolved
     dataset: Dataset | None = None
     autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
     resume: ResumePoint | None = None  # the checkpoint the run continues from, if any
@@ -61,6 +55,10 @@ class RunContext:
         """This context continuing from `found` (None: a fresh start)."""
         return dataclasses.replace(self, resume=found)
 
+    def with_resolved(self, **decided: Any) -> RunContext:
+        """This context with more of its record decided (e.g. a DDP run's micro_batch)."""
+        return dataclasses.replace(self, resolved=dataclasses.replace(self.resolved, **decided))
+
     def with_dataset(self) -> RunContext:
         """This context with the dataset listed (once; the slow part of a start). Resuming: an
         s3:// root's cached listing, the one the run started with, is used."""
@@ -68,38 +66,36 @@ class RunContext:
             return self
         data, seed = self.recipe.data, self.recipe.train.seed
         dataset = resolve_dataset(data, seed=seed, reuse_listing=self.resuming)
-        loader = self.recipe.loader  # the context's own copy (prepare_recipe's), which the run records
-        if loader.io_depth == "auto":
-            loader.io_depth = reads_in_flight(AUTO, dataset.splits["train"].prefix)
-            loader.io_depth_requested = "auto"
-        return dataclasses.replace(self, dataset=dataset)
+        depth = reads_in_flight(self.recipe.loader.io_depth, dataset.splits["train"].prefix)
+        return dataclasses.replace(self, dataset=dataset).with_resolved(io_depth=depth)
 
-    def with_loader_counts(self, previous: dict[str, Any] | None = None) -> RunContext:
+    def with_loader_counts(self, previous: Resolved | None = None) -> RunContext:
         """This context with a `workers`/`threads = "auto"` decided: the count the run chose at
-        its start when `previous` (a checkpoint's recipe; by default the resumed one's) holds
-        one, else measured now. The recipe keeps the count, "auto" beside it as the request,
-        so recipe.toml says what ran."""
+        its start when `previous` (a checkpoint's record; by default the resumed one's) holds
+        one, else measured now. The backend's options and the record hold the count."""
         backend = self.backend
         if not autotune.asks_auto(backend):
             return self
         if previous is None and self.resume is not None:
-            previous = self.resume.state["recipe"]
+            previous = Resolved.from_dict(self.resume.state["resolved"], f"{self.resume.path}")
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
             count, figures = measure_auto_count(
-                self.recipe, backend, device=self.device, dist=self.dist, dataset=self.dataset
+                self.recipe,
+                backend,
+                device=self.device,
+                dist=self.dist,
+                dataset=self.dataset,
+                precision=self.resolved.precision,
             )
         elif self.dist.rank == 0:
             LOGGER.info(
                 f"{autotune.tuned_key(backend)} = auto: {count}, as this run chose at "
                 "its start (not measured again)"
             )
-        recipe = self.recipe.copy()
-        autotune.record(recipe.loader, backend, count)
         assert backend.knob is not None  # asks_auto said so
-        # The same resolution, its typed table now the recipe copy's (which holds the count).
-        backend = dataclasses.replace(backend, options=getattr(recipe.loader, backend.knob[0]))
-        return dataclasses.replace(self, recipe=recipe, backend=backend, autotune=figures)
+        ctx = self.with_resolved(**{backend.knob[1]: count})
+        return dataclasses.replace(ctx, backend=autotune.with_count(backend, count), autotune=figures)
 
     @property
     def num_classes(self) -> int:
@@ -122,17 +118,23 @@ class RunContext:
         return t.batch_size * t.accum_steps * self.dist.world_size
 
     def loader(self, split: str) -> Loader:
-        """This rank's loader of `split`, from the recipe's `loader.backend`."""
+        """This rank's loader of `split`, from the resolved backend."""
         return build_loader(
-            self.recipe, split, device=self.device, dist=self.dist, dataset=self.dataset, backend=self.backend
+            self.recipe,
+            split,
+            device=self.device,
+            dist=self.dist,
+            dataset=self.dataset,
+            backend=self.backend,
+            precision=self.resolved.precision,
         )
 
     def facts(self) -> dict[str, Any]:
         """What produced a summary's figures: backend, device, resolved precision, world, batch."""
         return {
-            "backend": self.recipe.loader.backend,
+            "backend": self.resolved.backend,
             "device": str(self.device),
-            "precision": self.recipe.train.precision,
+            "precision": self.resolved.precision,
             "world_size": self.dist.world_size,
             "stallfree_version": __version__,
             "global_batch": self.global_batch,
@@ -140,44 +142,34 @@ class RunContext:
 
 
 def prepare_recipe(recipe: Recipe, dist: DistInfo, device: torch.device | None = None) -> RunContext:
-    """Validate the recipe, pick the device (`device`, when the caller names one exactly, else
-    `train.device` for this rank), resolve `precision` and the loader backend on it (once,
-    `--loader auto` included): cheap, no data (a finished run's requeue exits after this)."""
-    recipe = recipe.copy()
-    _ask_again(recipe)
-    validate(recipe)
-    if not recipe.data.endpoint_url:  # recipe.toml says which store the run read (no credential)
-        recipe.data.endpoint_url = storage.endpoint_used(recipe.data.root)
-    registry.check_data_root(recipe)
+    """Decide the run's settings for `recipe` (checked once by whoever read it: recipe.validate
+    and registry.check_data_root): the device (`device`, when the caller names one exactly,
+    else `train.device` for this rank), the precision and the loader backend on it (once,
+    `--loader auto` included). Cheap, no data (a finished run's requeue exits after this)."""
+    recipe = recipe.copy()  # the context's own: a caller's later change does not reach it
     device = device if device is not None else resolve_device(recipe.train.device, dist)
     if device.type == "cuda":
         # Shapes are fixed (training drops the short last batch): autotuned convolutions pay off.
         torch.backends.cudnn.benchmark = True
-    t = recipe.train
-    if t.device == "auto":
-        t.device, t.device_requested = cast(Device, device.type), "auto"
-    if t.precision == "auto":
-        t.precision_requested = "auto"
-    # resolve_precision hands back its input or one of bf16/fp16/fp32: a Precision either way.
-    t.precision = cast(Precision, resolve_precision(t.precision, device))
+    # resolve_precision hands back its input or one of bf16/fp16/fp32
+    precision = cast(Any, resolve_precision(recipe.train.precision, device))
     _check_trackers(recipe.train.trackers)
-    resolve_auto(recipe.loader, device, dist, say=True)
-    backend = registry.resolve(recipe.loader)  # the one resolution; a plug-in's table checked now
-    if backend.entry is None and backend.options is not None:
-        # A plug-in's options with their defaults filled in: recipe.toml shows every value used.
-        recipe.loader.plugin = dataclasses.asdict(backend.options)
-    return RunContext(recipe, device, dist, backend)
-
-
-def _ask_again(recipe: Recipe) -> None:
-    """A recorded "auto" whose answer depends on the machine (the device, its precision, the
-    backend the device decodes best with, the micro-batch that fits) is asked again here."""
-    asked = (("train", "device"), ("train", "precision"), ("train", "micro_batch"), ("loader", "backend"))
-    for table, key in asked:
-        owner = getattr(recipe, table)
-        if getattr(owner, f"{key}_requested") == "auto":
-            setattr(owner, key, "auto")
-            setattr(owner, f"{key}_requested", "")
+    loader = resolve_auto(recipe.loader, device, dist, say=True)
+    backend = registry.resolve(loader)  # the one resolution; a plug-in's table checked now
+    plugin = backend.options if backend.entry is None and backend.options is not None else None
+    resolved = Resolved(
+        device=cast(Any, device.type),
+        precision=precision,
+        backend=loader.backend,
+        wraps=backend.inner.name if backend.inner is not None else "",
+        dali_decode=loader.dali.decode,
+        micro_batch=recipe.train.micro_batch,
+        # which store the run read (no credential)
+        endpoint_url=recipe.data.endpoint_url or storage.endpoint_used(recipe.data.root),
+        # a plug-in's options with their defaults filled in: every value used
+        plugin=dataclasses.asdict(plugin) if plugin is not None else {},
+    )
+    return RunContext(recipe, device, dist, backend, resolved)
 
 
 def _check_trackers(trackers: Sequence[str]) -> None:
@@ -193,106 +185,8 @@ def _check_trackers(trackers: Sequence[str]) -> None:
             )
 
 
-def prepare(recipe: Recipe, dist: DistInfo | None = None) -> RunContext:
+def prepare(recipe: Recipe, dist: DistInfo | None = None, previous: Resolved | None = None) -> RunContext:
     """`prepare_recipe`, then the dataset, listed once, and a `workers`/`threads = "auto"`
-    measured once (eval, bench): every loader of the context is built with that count."""
-    return prepare_recipe(recipe, dist or DistInfo()).with_dataset().with_loader_counts()
-
-
-def steps_per_epoch(train_batches: int, accum_steps: int) -> int:
-    """Optimizer steps in one epoch: the last, shorter window is stepped too."""
-    return math.ceil(train_batches / accum_steps)
-
-
-def sync_batchnorm(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch.device) -> nn.Module:
-    """`train.sync_bn` under DDP: BatchNorm layers that average statistics over all ranks."""
-    if not recipe.train.sync_bn or dist.world_size <= 1:
-        return model
-    if device.type != "cuda":
-        raise RecipeError(
-            "train.sync_bn = true needs CUDA devices (SyncBatchNorm does not run "
-            "on the CPU); set it to false for a CPU run"
-        )
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-
-
-def build_trainer(
-    ctx: RunContext,
-    *,
-    train_batches: int,
-    sinks: SinkSet | None = None,
-    progress: bool = True,
-    log_every: int | None = None,
-) -> Trainer:
-    """Model, optimizer, schedule, mixer and EMA from the run context, in a complete Trainer.
-
-    Resuming (`ctx.resume`): the checkpoint's weights are loaded next, so model.init_from and
-    model.pretrained are not read (a requeued job needs the file no longer).
-    """
-    recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
-    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not ctx.resuming)
-    if recipe.model.init_from and not ctx.resuming:
-        init_from(model, recipe.model.init_from)
-    model = sync_batchnorm(model, recipe, dist, device)
-    model = model.to(device)
-    if recipe.train.channels_last:
-        # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
-    if recipe.train.compile:
-        # Inside DDP: DDP's bucketing sees the compiled graph. A Module in, an OptimizedModule (a
-        # Module) out; torch types the result as a bare callable.
-        model = cast(nn.Module, torch.compile(model))
-    model = wrap_model(model, device, dist)
-    opt = recipe.optim
-    optimizer = build_optimizer(
-        model,
-        opt.name,
-        lr=opt.lr,
-        momentum=opt.momentum,
-        weight_decay=opt.weight_decay,
-        nesterov=opt.nesterov,
-        exclude_norm_bias=opt.wd_exclude_norm_bias,
-    )
-    total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
-    if opt.warmup_steps >= total:
-        warnings.warn(
-            f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
-            "steps: the LR never leaves warmup and never decays; lower warmup_steps",
-            stacklevel=2,
-        )
-    scheduler = warmup_cosine(
-        optimizer, total_steps=total, warmup_steps=opt.warmup_steps, min_lr_frac=opt.min_lr_frac
-    )
-    t, aug = recipe.train, recipe.augment
-    config = TrainerConfig(
-        precision=t.precision,
-        accum_steps=t.accum_steps,
-        max_grad_norm=t.max_grad_norm,
-        log_every=log_every or t.log_every,
-        max_nonfinite_steps=t.max_nonfinite_steps,
-        label_smoothing=opt.label_smoothing,
-        progress=progress,
-    )
-    mixer = Mixer(
-        mixup_alpha=aug.mixup_alpha,
-        cutmix_alpha=aug.cutmix_alpha,
-        prob=aug.mix_prob,
-        seed=t.seed,
-        rank=dist.rank,
-    )
-    micro = MicroBatcher(
-        size=t.micro_batch if isinstance(t.micro_batch, int) else 0, auto=t.micro_batch == "auto"
-    )
-    return Trainer(
-        model,
-        optimizer,
-        scheduler,
-        config=config,
-        device=device,
-        dist=dist,
-        sinks=sinks,
-        mixer=mixer,
-        ema=ema,
-        micro=micro,
-    )
+    decided once (eval, bench): every loader of the context is built with that count.
+    `previous`: a checkpoint's record, whose count is taken rather than measured again."""
+    return prepare_recipe(recipe, dist or DistInfo()).with_dataset().with_loader_counts(previous)

@@ -10,13 +10,13 @@ list is a legitimate other val set: a warning naming both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
-from stallfree.recipe import Recipe, RecipeError, apply_overrides, recipe_from_dict, validate
+from stallfree.recipe import Recipe, RecipeError, apply_flags, recipe_from_dict, validate
 
 
 class RecipeMismatchError(StallfreeError, ValueError):
@@ -33,19 +33,20 @@ def checkpoint_recipe(state: dict[str, Any], path: Path) -> Recipe:
     return recipe_from_dict(state["recipe"], source=f"{path}'s recipe")
 
 
-def own_recipe(trained: Recipe, overrides: Sequence[str], path: Path) -> Recipe:
-    """The checkpoint's recipe with the command's flags and --set overrides, its paths checked."""
+def own_recipe(trained: Recipe, flags: Mapping[str, Any], overrides: Sequence[str], path: Path) -> Recipe:
+    """The checkpoint's recipe with the command's flags (typed values by recipe key) and --set
+    overrides, checked (once: the caller does not check it again) with its paths."""
     from stallfree.data.readers.paths import check_paths
     from stallfree.data.registry import check_data_root
 
-    recipe = apply_overrides(trained.copy(), list(overrides))
+    recipe = apply_flags(trained.copy(), flags, overrides)
     recipe.model.init_from, recipe.model.pretrained = "", False  # the checkpoint holds every weight
     try:
         validate(recipe)
         check_data_root(recipe)
         check_paths(recipe, weights=False)
     except RecipeError as exc:
-        with_flags = " with the flags and --set overrides" if overrides else ""
+        with_flags = " with the flags and --set overrides" if flags or overrides else ""
         raise RecipeError(
             f"{path}'s own recipe{with_flags}: {exc} (fix it with --set, or pass a recipe)"
         ) from exc

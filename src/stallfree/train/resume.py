@@ -12,6 +12,7 @@ from stallfree.data.readers.listing import Dataset
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
+from stallfree.resolved import Resolved
 from stallfree.train.checkpoint import LATEST, Checkpointer, ResumePoint, latest_target, load_checkpoint
 from stallfree.train.ckpt_format import FORMAT, resumable
 from stallfree.train.parts import PerRank, RngState, Stateful, load_parts, save_parts
@@ -76,7 +77,8 @@ def run_checkpoint(
         same_world={"interval": trainer.interval_part()},
     )
     facts = {
-        "recipe": ctx.recipe.to_dict(),
+        "recipe": ctx.recipe.to_dict(),  # as given; what its "auto" values became is "resolved"
+        "resolved": ctx.resolved.to_dict(),
         "num_classes": ctx.num_classes,  # what the model was built with (export reads it)
         "class_names": ctx.class_names,  # label order; predict and export.json read it
         "world_size": dist.world_size,
@@ -148,6 +150,7 @@ def best_state(trainer: Trainer, ctx: RunContext, epoch: int) -> dict[str, Any]:
         "step": trainer.optimizer_steps,
         "val_top1": trainer.best_val_top1,
         "recipe": ctx.recipe.to_dict(),
+        "resolved": ctx.resolved.to_dict(),
         "num_classes": ctx.num_classes,
         "class_names": ctx.class_names,
         "stallfree_version": __version__,
@@ -162,13 +165,13 @@ def _root_named(root: str) -> str:
     return str(Path(root).resolve()) if storage.open(root).is_local else root
 
 
-def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
+def _semantics(recipe: dict[str, Any], resolved: dict[str, Any], world_size: int) -> dict[str, Any]:
     train = recipe["train"]
     return {
         "global batch (train.batch_size x train.accum_steps x world size)": train["batch_size"]
         * train["accum_steps"]
         * world_size,
-        "loader.backend": recipe["loader"]["backend"],
+        "loader.backend": resolved["backend"],  # the one that ran: "auto" decided
         "data.root": _root_named(recipe["data"]["root"]),
         "model.name": recipe["model"]["name"],
         "train.epochs": train["epochs"],  # the LR schedule's length
@@ -176,9 +179,15 @@ def _semantics(recipe: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 
 def check_compatible(
-    state: dict[str, Any], recipe: Recipe, world_size: int, path: Path, force: bool = False
+    state: dict[str, Any],
+    recipe: Recipe,
+    resolved: Resolved,
+    world_size: int,
+    path: Path,
+    force: bool = False,
 ) -> None:
-    """Refuse to resume a run whose global batch, backend, data, model or epoch count differ.
+    """Refuse to resume a run whose global batch, backend (as `resolved`, "auto" decided),
+    data, model or epoch count differ.
 
     The micro-batch split and the world size may change as long as the global batch stays:
     positions are samples, so the resumed run continues on the next unseen sample. The epoch
@@ -193,8 +202,8 @@ def check_compatible(
             "position in batches, not samples; finish that run with the version "
             "that wrote it, or start this one in another --out"
         )
-    saved = _semantics(state["recipe"], int(state["world_size"]))
-    now = _semantics(recipe.to_dict(), world_size)
+    saved = _semantics(state["recipe"], state["resolved"], int(state["world_size"]))
+    now = _semantics(recipe.to_dict(), resolved.to_dict(), world_size)
     diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}" for key in saved if saved[key] != now[key]]
     if diffs and not force:
         saved_epochs = state["recipe"]["train"]["epochs"]

@@ -21,6 +21,7 @@ from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml
+from stallfree.train.assemble import build_trainer, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer, ResumePoint
 from stallfree.train.distributed import all_reduce_sum, init_distributed, peer_ended_first, shutdown
 from stallfree.train.listing_check import check_ranks_agree
@@ -33,7 +34,7 @@ from stallfree.train.outage import (
     outage_error_without_save,
     retries_record,
 )
-from stallfree.train.prepare import RunContext, build_trainer, prepare_recipe, steps_per_epoch
+from stallfree.train.prepare import RunContext, prepare_recipe
 from stallfree.train.profile import StepProfiler
 from stallfree.train.progress import time_to_go
 from stallfree.train.resume import (
@@ -101,34 +102,39 @@ def _check_batches(loader: Loader, ctx: RunContext) -> None:
 
 def train(
     recipe: Recipe,
-    out_dir: str | Path,
+    out_dir: str | Path | None,
     *,
+    name: str = "run",
     progress: bool = True,
     resume: str | None = None,
     force: bool = False,
     profile_steps: int = 0,
 ) -> dict[str, Any]:
-    """Run the recipe; write recipe.toml, metrics.jsonl, summary.json and checkpoints/.
+    """Run the recipe (checked by the caller: recipe.validate, registry.check_data_root); write
+    recipe.toml, resolved.toml, metrics.jsonl, summary.json and checkpoints/ into `out_dir`
+    (None: runs/<name>-<the backend that runs>-<time>, named in the summary's run_dir).
 
     `profile_steps` > 0 traces that many optimizer steps after a warm-up into profile/.
     Raises PreemptedError after saving a checkpoint when a stop signal arrives.
     """
     clock = SegmentClock(started=time.perf_counter())
     dist = DistInfo.from_env()
-    run = RunDir(out_dir)
-    if dist.rank == 0:
+    run = RunDir(out_dir) if out_dir is not None else None
+    if run is not None and dist.rank == 0:
         # Before any check: a start that fails must not leave an old marker that tells a
         # requeue loop to go round again.
         run.clear_preempted()
     ctx = prepare_recipe(recipe, dist)
     recipe, device = ctx.recipe, ctx.device
+    if run is None:  # named once "auto" is decided: the folder says which backend ran
+        run = RunDir(f"runs/{name}-{ctx.resolved.backend}-{time.strftime('%Y%m%d-%H%M%S')}")
     run.check_writable()
     checkpointer = Checkpointer(run.checkpoints, keep=recipe.train.keep_checkpoints, rank=dist.rank)
     found = find_resume(resume, checkpointer) if resume else None
     if found is None:
         run.check_fresh_start(resume)
     else:
-        check_compatible(found.state, recipe, dist.world_size, found.path, force)
+        check_compatible(found.state, recipe, ctx.resolved, dist.world_size, found.path, force)
         if saved_epoch(found.state) >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
             LOGGER.info(
@@ -136,10 +142,9 @@ def train(
                 f"{recipe.train.epochs}); nothing to do"
             )
             return run.finished_summary()
-    # The checkpoint travels with the context: a resume reuses its listing and its recipe's
+    # The checkpoint travels with the context: a resume reuses its listing and its record's
     # "auto" worker/thread counts, and loads no pretrained or init_from weights.
     ctx = ctx.with_resume(found).with_dataset().with_loader_counts()
-    recipe = ctx.recipe  # recipe.toml and the checkpoints record the counts chosen
     data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
     if found is not None:
         check_same_data(found.state, data, ctx.dataset, found.path, force)
@@ -154,20 +159,22 @@ def train(
             loaders[split] = ctx.loader(split)
         _check_batches(loaders["train"], ctx)
         trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks, progress=progress)
+        if recipe.train.micro_batch == "auto" and dist.world_size > 1:
+            trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
+            # resolved.toml and the checkpoints say the size found (a resume probes again).
+            ctx = ctx.with_resolved(micro_batch=trainer.micro.size)
         # The last step's loader positions (an outage gives back the rest).
         mark = StepMark(loaders["train"])
         ckpt = run_checkpoint(trainer, mark, clock, ctx, data)
         if found is not None:
             ckpt.load_state_dict(found.state)
         start_epoch = loaders["train"].epoch  # the loader keeps the epoch (a resume's, or 0)
-        if recipe.train.micro_batch == "auto" and dist.world_size > 1:
-            trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
-            # recipe.toml and the checkpoints say the size found (a resume probes again).
-            recipe.train.micro_batch, recipe.train.micro_batch_requested = trainer.micro.size, "auto"
         _barrier_after_checks()
         if dist.rank == 0:
-            run.start(dump_toml(recipe), found.state["metrics_records"] if found else 0)
-            sinks.open(run.path, tuple(recipe.train.trackers), _flat(recipe.to_dict()))
+            records = found.state["metrics_records"] if found else 0
+            run.start(dump_toml(recipe), ctx.resolved.to_toml(), records)
+            params = {**recipe.to_dict(), "resolved": ctx.resolved.to_dict()}
+            sinks.open(run.path, tuple(recipe.train.trackers), _flat(params))
             if ctx.autotune:  # what workers/threads = "auto" measured and chose
                 write_json_atomic(run.path / "autotune.json", ctx.autotune)
             if recipe.data.val_fraction and ctx.dataset is not None:  # which train files val holds
@@ -176,8 +183,9 @@ def train(
         _announce(ctx, found, start_epoch, trainer)
         summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, ckpt, mark)
         all_ranks_here = True
-    except PreemptedError:
+    except PreemptedError as exc:
         all_ranks_here = True
+        exc.run_dir = str(run.path)  # where to resume, when the run named its folder
         raise
     except Exception as exc:
         # Named to the other ranks before this one's connections close (distributed.py).
@@ -195,6 +203,7 @@ def train(
         wall_s=clock.wall_s(),
         segments=clock.earlier + 1,
         checkpoint_save_s=checkpointer.last_save_s,
+        run_dir=str(run.path),
         **ctx.facts(),
     )
     if dist.rank == 0:
@@ -249,10 +258,11 @@ def _barrier_after_checks() -> None:
 def _announce(ctx: RunContext, found: ResumePoint | None, start_epoch: int, trainer: Trainer) -> None:
     if ctx.dist.rank != 0:
         return
-    recipe = ctx.recipe
+    resolved = ctx.resolved  # what ran, "auto" decided (resolved.toml)
+    micro = f", micro-batch {resolved.micro_batch}" if resolved.micro_batch else ""
     LOGGER.info(
-        f"{recipe.loader.backend} loader, {recipe.model.name}, {ctx.device}, "
-        f"precision {recipe.train.precision}, world size {ctx.dist.world_size}, "
+        f"{resolved.described()}, {ctx.recipe.model.name}, {ctx.device}, "
+        f"precision {resolved.precision}{micro}, world size {ctx.dist.world_size}, "
         f"global batch {ctx.global_batch}"
     )
     if found is not None:

@@ -1,4 +1,5 @@
-"""The run directory: one run's recipe, metrics, summary, checkpoints and preemption marker.
+"""The run directory: one run's recipe (as given) and what its "auto" values became, metrics,
+summary, checkpoints and preemption marker.
 
 A directory belongs to one run. A fresh start never reuses another run's checkpoints or appends
 to its metrics; `--resume` is the only way to continue one, and it first cuts metrics.jsonl back
@@ -15,6 +16,7 @@ from typing import Any
 
 from stallfree.errors import RunDirError
 from stallfree.metrics import write_json_atomic
+from stallfree.resolved import RESOLVED
 
 RECIPE, METRICS, SUMMARY = "recipe.toml", "metrics.jsonl", "summary.json"
 CHECKPOINTS = "checkpoints"
@@ -65,11 +67,13 @@ class RunDir:
                 f"--resume auto, or start this one in another --out directory"
             )
 
-    def start(self, recipe_toml: str, metrics_records: int) -> None:
-        """Rank 0, once every check has passed: write the recipe, cut metrics back to the
-        records the resumed checkpoint had seen (0 for a fresh start), clear the marker."""
+    def start(self, recipe_toml: str, resolved_toml: str, metrics_records: int) -> None:
+        """Rank 0, once every check has passed: write the recipe and the Resolved record, cut
+        metrics back to the records the resumed checkpoint had seen (0 for a fresh start),
+        clear the marker."""
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / RECIPE).write_text(recipe_toml)
+        (self.path / RESOLVED).write_text(resolved_toml)
         _truncate_lines(self.path / METRICS, metrics_records)
         (self.path / PREEMPTED).unlink(missing_ok=True)
 

@@ -53,7 +53,7 @@ class MicroBatchOOMError(StallfreeError, RuntimeError):
 class PreemptedError(Exception):
     """A stop was requested (SIGTERM, SIGUSR1 or SIGINT); raised right after an optimizer step."""
 
-    signal = "SIGTERM"  # which one; set by the run, which owns the signal handlers
+    signal, run_dir = "SIGTERM", ""  # which one, and the run's folder: set by train/run.py
 
 
 @dataclass(kw_only=True, slots=True)
