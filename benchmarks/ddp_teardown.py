@@ -6,7 +6,7 @@ The hang this guards against: the gloo group's destructor joins its worker threa
 GIL while a worker still needs the GIL to free a tensor (https://github.com/pytorch/pytorch/issues/56297).
 
     python benchmarks/ddp_teardown.py --runs 50            # the figure in benchmarks/RESULTS.md
-    python benchmarks/ddp_teardown.py --smoke              # 3 runs
+    python benchmarks/ddp_teardown.py --smoke              # 1 run
     python benchmarks/ddp_teardown.py --teardown bare      # barrier + destroy, the DDP model freed last
 
 Needs `taskset` (util-linux); the ranks and the busy loop share `--core`.
@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 HOG = "while True: pass"
+# The ranks' interpreter: $PYTHON_EXEC where set (the tests' fork server), else this one.
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 
 
 def rank_body(teardown: str) -> None:
@@ -69,7 +71,7 @@ def one_run(args: argparse.Namespace, log: Path) -> str:
                 "taskset",
                 "-c",
                 str(args.core),
-                sys.executable,
+                PYTHON,
                 __file__,
                 "--rank-body",
                 args.teardown,
@@ -96,7 +98,7 @@ def one_run(args: argparse.Namespace, log: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--smoke", action="store_true", help="3 runs")
+    parser.add_argument("--smoke", action="store_true", help="1 run")
     parser.add_argument("--teardown", choices=("project", "bare"), default="project")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a run may take")
     parser.add_argument("--core", type=int, default=0)
@@ -107,7 +109,7 @@ def main() -> int:
     if args.rank_body:
         rank_body(args.rank_body)
         return 0
-    runs = 3 if args.smoke else args.runs
+    runs = 1 if args.smoke else args.runs
     args.logs.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still ends the busy loop
     hog = subprocess.Popen(["taskset", "-c", str(args.core), sys.executable, "-c", HOG])
