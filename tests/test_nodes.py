@@ -104,17 +104,19 @@ def _wait(procs: list[subprocess.Popen[bytes]], tmp_path: Path) -> list[tuple[in
 
 @pytest.mark.e2e
 def test_two_nodes_that_list_other_files_refuse_to_start(image_root: Path, tmp_path: Path) -> None:
-    """Three pairs at once (the load makes a rank's teardown race likelier): every rank ends
-    on its one line with exit 2, none aborts in gloo's teardown."""
+    """Ten tries, five pairs at once (the load makes a rank's teardown race likelier; it ended
+    2 tries in 3 with an abort before): every rank ends on its one line with exit 2, none
+    aborts in gloo's teardown."""
     roots = [_copy_root(image_root, tmp_path / f"data{node}", extra=node == 1) for node in (0, 1)]
-    tries = [tmp_path / f"try{i}" for i in range(3)]
-    started = [_start_two_nodes(roots, (t.mkdir(), t)[1]) for t in tries]
-    for procs, path in zip(started, tries):
-        results = _wait(procs, path)
-        _assert_refused(results, path)
-        for _, log in results:  # torchrun's table names each rank's own exit code
-            assert "exitcode  : 2 " in log and "terminate called" not in log, log[-3000:]
-            assert "frame #0" not in log, log[-3000:]  # no C++ stack
+    for round in range(2):
+        tries = [tmp_path / f"try{round}-{i}" for i in range(5)]
+        started = [_start_two_nodes(roots, (t.mkdir(), t)[1]) for t in tries]
+        for procs, path in zip(started, tries):
+            results = _wait(procs, path)
+            _assert_refused(results, path)
+            for _, log in results:  # torchrun's table names each rank's own exit code
+                assert "exitcode  : 2 " in log and "terminate called" not in log, log[-3000:]
+                assert "frame #0" not in log, log[-3000:]  # no C++ stack
 
 
 def _assert_refused(results: list[tuple[int, str]], tmp_path: Path) -> None:
