@@ -127,11 +127,11 @@ def test_mypy_refuses_a_schedule_where_a_side_is_expected(tmp_path: Path) -> Non
 
 
 def test_modules_stay_under_the_size_budget() -> None:
-    """A module is read in one sitting (docs/DESIGN.md: files under ~400 lines): one over 420 has
+    """A module is read in one sitting (docs/DESIGN.md: files under ~400 lines): one over 400 has
     two jobs, and the seam between them is where it splits."""
     package = ROOT / "src" / "stallfree"
     sizes = {str(p.relative_to(package)): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
-    assert not {name: n for name, n in sizes.items() if n > 420}
+    assert not {name: n for name, n in sizes.items() if n > 400}
 
 
 def test_no_two_modules_share_a_name() -> None:
