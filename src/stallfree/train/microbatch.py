@@ -38,6 +38,15 @@ class MicroBatcher:
         """Whether an out-of-memory error may be retried with smaller chunks."""
         return self.auto and world_size <= 1 and (self.size or n) > 1
 
+    def oom_message(self, n: int, accum_steps: int) -> str:
+        """What an out-of-memory error that cannot be retried says: the size and the fixes."""
+        return (
+            f"out of memory on a micro-batch of {self.size or n} images. Set "
+            f'train.micro_batch = "auto", or lower train.batch_size and raise '
+            f"train.accum_steps (now {accum_steps}) to keep the same "
+            "global batch; --resume auto continues from the last checkpoint."
+        )
+
     def back_off(self, n: int) -> None:
         """Halve the chunk size (after an out-of-memory error on a batch of `n`)."""
         self.size = max(1, (self.size or n) // 2)

@@ -187,12 +187,7 @@ class Trainer:
             except OUT_OF_MEMORY as exc:
                 n = max(batch.labels.numel() for batch in window)
                 if mark is None or not self.micro.can_back_off(self.dist.world_size, n):
-                    raise MicroBatchOOMError(
-                        f"out of memory on a micro-batch of {self.micro.size or n} images. Set "
-                        f'train.micro_batch = "auto", or lower train.batch_size and raise '
-                        f"train.accum_steps (now {self.config.accum_steps}) to keep the same "
-                        "global batch; --resume auto continues from the last checkpoint."
-                    ) from exc
+                    raise MicroBatchOOMError(self.micro.oom_message(n, self.config.accum_steps)) from exc
                 self.optimizer.zero_grad(set_to_none=True)
                 mark.restore(self.model, self._window)
                 self.micro.back_off(n)
