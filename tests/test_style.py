@@ -126,12 +126,37 @@ def test_mypy_refuses_a_schedule_where_a_side_is_expected(tmp_path: Path) -> Non
     assert "[no-untyped-def]" in result.stdout, result.stdout
 
 
+# The functions still over the budget below, each with its reason; the list only shrinks.
+_LONG_FUNCTIONS = {
+    # train/run.py is being split in another change; these go when it lands.
+    "train/run.py:train",
+    "train/run.py:_run",
+}
+
+
 def test_modules_stay_under_the_size_budget() -> None:
-    """A module is read in one sitting (docs/DESIGN.md: files under ~400 lines): one over 420 has
+    """A module is read in one sitting (docs/DESIGN.md: files at most 400 lines): one over 400 has
     two jobs, and the seam between them is where it splits."""
     package = ROOT / "src" / "stallfree"
     sizes = {str(p.relative_to(package)): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
-    assert not {name: n for name, n in sizes.items() if n > 420}
+    assert not {name: n for name, n in sizes.items() if n > 400}
+
+
+def test_functions_stay_under_the_size_budget() -> None:
+    """A function is read in one screen (docs/DESIGN.md: functions at most 60 lines): a longer
+    one does several steps that each want a name."""
+    import ast
+
+    package = ROOT / "src" / "stallfree"
+    long = {}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 60:
+                    long[f"{path.relative_to(package)}:{node.name}"] = lines
+    assert not {name: n for name, n in long.items() if name not in _LONG_FUNCTIONS}, long
+    assert not _LONG_FUNCTIONS - set(long), "now under budget; drop from _LONG_FUNCTIONS"
 
 
 def test_no_two_modules_share_a_name() -> None:

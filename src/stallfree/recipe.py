@@ -1,24 +1,18 @@
-"""Recipes: typed dataclasses loaded from TOML, with type-checked `section.key=value` overrides.
-
-Allowed values live on the fields (`Literal[...]`, `field(metadata=at_least(...))`) and are
-checked when a value is set (stallfree.tables), so a TOML key and a `--set` override meet the
-same rules.
-"""
+"""Recipes: typed dataclasses loaded from TOML, with type-checked `section.key=value` overrides
+(each value checked by its field's rules when it is set: stallfree.tables)."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import sys
 import typing
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stallfree.tables import RecipeError, at_least, set_field
+from stallfree.tables import RecipeError, at_least, field_annotation, parse_text, set_field
 from stallfree.tomlwrite import dumps_toml
 
 if sys.version_info >= (3, 11):
@@ -300,33 +294,6 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe_from_dict(raw, source=str(path))
 
 
-def _parse_value(text: str, annotation: Any) -> Any:
-    """Parse an override value as a TOML/Python literal; a text field takes the text as it is
-    (`data.root=2024` is a folder name), unquoted when it was quoted."""
-    stripped = text.strip()
-    if annotation is str:
-        quoted = len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\""
-        return stripped[1:-1] if quoted else stripped
-    if stripped in ("true", "false"):
-        return stripped == "true"
-    try:
-        with warnings.catch_warnings():  # "1a" would warn "invalid decimal literal"
-            warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.literal_eval(stripped)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _annotation(recipe: Recipe, tables: list[str], key: str) -> Any:
-    """The declared type of a dotted key, or None when the path is unknown (reported later)."""
-    table: Any = recipe
-    for name in tables:
-        table = getattr(table, name, None)
-        if not dataclasses.is_dataclass(table):
-            return None
-    return typing.get_type_hints(type(table)).get(key)
-
-
 def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
     """Apply `section.key=value` (or `loader.dali.key=value`) overrides in order."""
     for item in overrides:
@@ -334,9 +301,8 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
         *tables, key = dotted.strip().split(".")
         if not sep or not tables or not key:
             raise RecipeError(f"--set {item!r}: expected section.key=value, e.g. train.epochs=3")
-        set_key(
-            recipe, dotted.strip(), _parse_value(text, _annotation(recipe, tables, key)), f"--set {item!r}"
-        )
+        value = parse_text(text, field_annotation(recipe, tables, key))
+        set_key(recipe, dotted.strip(), value, f"--set {item!r}")
     return recipe
 
 

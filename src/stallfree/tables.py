@@ -7,11 +7,13 @@ options all meet the same rules and the same messages.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from typing import Any, Literal
 
 from stallfree.errors import StallfreeError
@@ -175,3 +177,31 @@ def _texts_as_declared(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
             out[key] = _texts_as_declared(hint, value)
     return out
+
+
+def parse_text(text: str, annotation: Any) -> Any:
+    """Parse an override value as a TOML/Python literal; a text field takes the text as it is
+    (`data.root=2024` is a folder name), unquoted when it was quoted."""
+    stripped = text.strip()
+    if annotation is str:
+        quoted = len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\""
+        return stripped[1:-1] if quoted else stripped
+    if stripped in ("true", "false"):
+        return stripped == "true"
+    try:
+        with warnings.catch_warnings():  # "1a" would warn "invalid decimal literal"
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(stripped)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def field_annotation(root: Any, tables: list[str], key: str) -> Any:
+    """The declared type of `key` in the table at `tables` below the dataclass `root` (a
+    recipe), or None when the path is unknown (reported later)."""
+    table: Any = root
+    for name in tables:
+        table = getattr(table, name, None)
+        if not dataclasses.is_dataclass(table):
+            return None
+    return typing.get_type_hints(type(table)).get(key)

@@ -118,9 +118,15 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
     if measured:
         lines += ["", "Ratios (best setting of each):", ""]
         lines += [f"- {name}: **{value:.2f}**" for name, value in measured.items()]
+    return "\n".join(lines + _run_notes(result["records"])) + "\n"
+
+
+def _run_notes(records: list[dict[str, Any]]) -> list[str]:
+    """bench.md's last sections: the warnings of runs that finished, and the failed runs."""
+    lines: list[str] = []
     warned = [
         (r, line)
-        for r in result["records"]
+        for r in records
         if "error" not in r
         for line in r.get("stderr", "").splitlines()
         if re.search(r"warn|fail|fall.?back|error", line, re.IGNORECASE)
@@ -129,10 +135,10 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], command: str = 
         lines += ["", "Warnings from runs that finished:", ""] + sorted(
             {f"- {r['mode']} {r['backend']}: {line.strip()[:200]}" for r, line in warned}
         )
-    errors = [r for r in result["records"] if "error" in r]
+    errors = [r for r in records if "error" in r]
     if errors:
         lines += ["", "Failed runs:", ""] + [f"- {r['mode']} {r['backend']}: {r['error']}" for r in errors]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def strict_line(exact_decode: bool) -> str:

@@ -56,41 +56,9 @@ def build_trainer(
     model.pretrained are not read (a requeued job needs the file no longer).
     """
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
-    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not ctx.resuming)
-    if recipe.model.init_from and not ctx.resuming:
-        init_from(model, recipe.model.init_from)
-    model = sync_batchnorm(model, recipe, dist, device)
-    model = model.to(device)
-    if recipe.train.channels_last:
-        # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
-    if recipe.train.compile:
-        # Inside DDP: DDP's bucketing sees the compiled graph. A Module in, an OptimizedModule (a
-        # Module) out; torch types the result as a bare callable.
-        model = cast(nn.Module, torch.compile(model))
-    model = wrap_model(model, device, dist)
-    opt = recipe.optim
-    optimizer = build_optimizer(
-        model,
-        opt.name,
-        lr=opt.lr,
-        momentum=opt.momentum,
-        weight_decay=opt.weight_decay,
-        nesterov=opt.nesterov,
-        exclude_norm_bias=opt.wd_exclude_norm_bias,
-    )
-    total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
-    if opt.warmup_steps >= total:
-        warnings.warn(
-            f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
-            "steps: the LR never leaves warmup and never decays; lower warmup_steps",
-            stacklevel=2,
-        )
-    scheduler = warmup_cosine(
-        optimizer, total_steps=total, warmup_steps=opt.warmup_steps, min_lr_frac=opt.min_lr_frac
-    )
-    t, aug = recipe.train, recipe.augment
+    model, ema = _model_and_ema(ctx)
+    optimizer, scheduler = _optimizer_and_schedule(model, recipe, train_batches)
+    t, aug, opt = recipe.train, recipe.augment, recipe.optim
     config = TrainerConfig(
         precision=ctx.resolved.precision,
         accum_steps=t.accum_steps,
@@ -121,3 +89,51 @@ def build_trainer(
         ema=ema,
         micro=micro,
     )
+
+
+def _model_and_ema(ctx: RunContext) -> tuple[nn.Module, ModelEma | None]:
+    """The run's model on its device with its EMA (of the weights before compiling), compiled
+    and wrapped for DDP as the recipe says."""
+    recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
+    model = build_model(recipe.model, ctx.num_classes, load_pretrained=not ctx.resuming)
+    if recipe.model.init_from and not ctx.resuming:
+        init_from(model, recipe.model.init_from)
+    model = sync_batchnorm(model, recipe, dist, device)
+    model = model.to(device)
+    if recipe.train.channels_last:
+        # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    ema = ModelEma(model, recipe.train.ema_decay) if recipe.train.ema_decay > 0 else None
+    if recipe.train.compile:
+        # Inside DDP: DDP's bucketing sees the compiled graph. A Module in, an OptimizedModule (a
+        # Module) out; torch types the result as a bare callable.
+        model = cast(nn.Module, torch.compile(model))
+    model = wrap_model(model, device, dist)
+    return model, ema
+
+
+def _optimizer_and_schedule(
+    model: nn.Module, recipe: Recipe, train_batches: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The optimizer and its warmup-then-cosine schedule over the run's optimizer steps."""
+    opt = recipe.optim
+    optimizer = build_optimizer(
+        model,
+        opt.name,
+        lr=opt.lr,
+        momentum=opt.momentum,
+        weight_decay=opt.weight_decay,
+        nesterov=opt.nesterov,
+        exclude_norm_bias=opt.wd_exclude_norm_bias,
+    )
+    total = recipe.train.epochs * steps_per_epoch(train_batches, recipe.train.accum_steps)
+    if opt.warmup_steps >= total:
+        warnings.warn(
+            f"optim.warmup_steps ({opt.warmup_steps}) >= the run's {total} optimizer "
+            "steps: the LR never leaves warmup and never decays; lower warmup_steps",
+            stacklevel=3,
+        )
+    scheduler = warmup_cosine(
+        optimizer, total_steps=total, warmup_steps=opt.warmup_steps, min_lr_frac=opt.min_lr_frac
+    )
+    return optimizer, scheduler

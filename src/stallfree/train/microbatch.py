@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from stallfree.train.interval import LogWindow
 
 # torch.OutOfMemoryError is new in torch 2.5; the CUDA one is its alias there.
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -35,6 +38,15 @@ class MicroBatcher:
         """Whether an out-of-memory error may be retried with smaller chunks."""
         return self.auto and world_size <= 1 and (self.size or n) > 1
 
+    def oom_message(self, n: int, accum_steps: int) -> str:
+        """What an out-of-memory error that cannot be retried says: the size and the fixes."""
+        return (
+            f"out of memory on a micro-batch of {self.size or n} images. Set "
+            f'train.micro_batch = "auto", or lower train.batch_size and raise '
+            f"train.accum_steps (now {accum_steps}) to keep the same "
+            "global batch; --resume auto continues from the last checkpoint."
+        )
+
     def back_off(self, n: int) -> None:
         """Halve the chunk size (after an out-of-memory error on a batch of `n`)."""
         self.size = max(1, (self.size or n) // 2)
@@ -43,6 +55,29 @@ class MicroBatcher:
             f"chunks of {self.size} and retries the window",
             stacklevel=3,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMark:
+    """What a window's forwards change besides gradients: the logged sums and every buffer
+    (BatchNorm's running stats and batch count). Buffers only, so the copy is small."""
+
+    loss_sum: torch.Tensor
+    samples: int
+    buffers: list[torch.Tensor]
+
+    @classmethod
+    def take(cls, model: nn.Module, window: LogWindow) -> WindowMark:
+        with torch.no_grad():
+            buffers = [buffer.clone() for buffer in model.buffers()]
+        return cls(window.loss_sum.clone(), window.samples, buffers)
+
+    def restore(self, model: nn.Module, window: LogWindow) -> None:
+        """Undo an aborted window's forwards, so its retry counts them once."""
+        window.loss_sum, window.samples = self.loss_sum.clone(), self.samples
+        with torch.no_grad():
+            for buffer, saved in zip(model.buffers(), self.buffers):
+                buffer.copy_(saved)
 
 
 def probe_micro_batch(

@@ -1,11 +1,8 @@
 """The step loop: autocast, backward (no_sync), unscale, clip, step, schedule.
 
-Host syncs: none per micro-step. One per optimizer step, in every precision: the finite check
-of the gradient norm decides whether the step happens (fp16 too: the optimizer is stepped
-directly rather than through GradScaler.step, which would sync again on its own inf check).
-One per log interval to read the device-side loss sum. Under DDP the stop flag is all-reduced
-asynchronously after every optimizer step and read after the next one (by then it is done), so
-all ranks agree on a requested stop within two steps at no measurable cost (train/signals.py).
+Host syncs: none per micro-step, one per optimizer step (the gradient norm's finite check, in
+every precision) and one per log interval (the device-side loss sum); the ranks' stop vote is
+read a step late so it costs none (train/signals.py).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
 from stallfree.train.ema import ModelEma
 from stallfree.train.interval import LogWindow, StepTimer
-from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher
+from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher, WindowMark
 from stallfree.train.mix import Mixer
 from stallfree.train.parts import (
     ModelState,
@@ -181,7 +178,7 @@ class Trainer:
         logged sums and buffers are dropped and the same list runs again in smaller chunks, so
         no sample is lost or counted twice, in the weights or in BatchNorm's statistics.
         """
-        mark = self._mark() if self.micro.auto else None
+        mark = WindowMark.take(self.model, self._window) if self.micro.auto else None
         while True:
             try:
                 for k, batch in enumerate(window):
@@ -190,30 +187,11 @@ class Trainer:
             except OUT_OF_MEMORY as exc:
                 n = max(batch.labels.numel() for batch in window)
                 if mark is None or not self.micro.can_back_off(self.dist.world_size, n):
-                    raise MicroBatchOOMError(
-                        f"out of memory on a micro-batch of {self.micro.size or n} images. Set "
-                        f'train.micro_batch = "auto", or lower train.batch_size and raise '
-                        f"train.accum_steps (now {self.config.accum_steps}) to keep the same "
-                        "global batch; --resume auto continues from the last checkpoint."
-                    ) from exc
+                    raise MicroBatchOOMError(self.micro.oom_message(n, self.config.accum_steps)) from exc
                 self.optimizer.zero_grad(set_to_none=True)
-                self._rewind(mark)
+                mark.restore(self.model, self._window)
                 self.micro.back_off(n)
         return self._optimizer_step()
-
-    def _mark(self) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
-        """What a window's forwards change besides gradients: the logged sums and every buffer
-        (BatchNorm's running stats and batch count). Buffers only, so the copy is small."""
-        with torch.no_grad():
-            buffers = [buffer.clone() for buffer in self.model.buffers()]
-        return self._window.loss_sum.clone(), self._window.samples, buffers
-
-    def _rewind(self, mark: tuple[torch.Tensor, int, list[torch.Tensor]]) -> None:
-        """Undo an aborted window's forwards (see `_mark`), so its retry counts them once."""
-        self._window.loss_sum, self._window.samples = mark[0].clone(), mark[1]
-        with torch.no_grad():
-            for buffer, saved in zip(self.model.buffers(), mark[2]):
-                buffer.copy_(saved)
 
     def _optimizer_step(self) -> bool:
         """Unscale, clip, step (unless non-finite), zero, advance the schedule; True if stepped."""
@@ -221,7 +199,8 @@ class Trainer:
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # The one host sync per optimizer step. A non-finite norm means an inf/NaN gradient,
-        # which is exactly when GradScaler would skip, so one test serves every precision.
+        # which is exactly when GradScaler would skip, so one test serves every precision (fp16
+        # too: stepping directly, not through GradScaler.step, which would sync again).
         stepped = bool(torch.isfinite(grad_norm))
         self._step_lr = self.optimizer.param_groups[0]["lr"]
         if stepped:
@@ -362,11 +341,7 @@ class Trainer:
         val = self.evaluate(val_loader)
         if self.ema is not None:
             ema = evaluate_model(self.ema.module, val_loader, self.policy, self.device, self.dist)
-            val |= {
-                "val_top1_ema": ema["val_top1"],
-                "val_top5_ema": ema["val_top5"],
-                "val_loss_ema": ema["val_loss"],
-            }
+            val |= {f"{key}_ema": ema[key] for key in ("val_top1", "val_top5", "val_loss")}
         # The best epoch so far (by val top-1): the run keeps its weights as best.pt.
         self.improved = val["val_top1"] > self.best_val_top1
         if self.improved:

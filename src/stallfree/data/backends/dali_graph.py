@@ -96,36 +96,22 @@ def image_pipeline(
     if spec.train:
         images, mirror = _train_images(jpegs, draws, size, aug, decode_device, augment_on_gpu, hints)
     else:
-        images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **hints)
-        if augment_on_gpu and decode_device == "cpu":
-            images = images.gpu()
-        images = fn.resize(images, resize_shorter=aug.resize_size, **_RESIZE)
-        mirror = 0
-    if raw_uint8:
-        images = fn.crop_mirror_normalize(
-            images,
-            crop_h=size,
-            crop_w=size,
-            crop_pos_x=0.5,
-            crop_pos_y=0.5,
-            mirror=mirror,
-            dtype=types.UINT8,
-            output_layout="HWC",
-        )
-        return images, label
-    images = fn.crop_mirror_normalize(
-        images,
-        crop_h=size,
-        crop_w=size,
-        crop_pos_x=0.5,
-        crop_pos_y=0.5,
-        mirror=mirror,
-        mean=[m * 255 for m in aug.mean],
-        std=[s * 255 for s in aug.std],
-        dtype=types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
-        output_layout="HWC" if spec.channels_last else "CHW",
+        images, mirror = _val_images(jpegs, aug, decode_device, augment_on_gpu, hints), 0
+    # The center crop of the side (a train crop is already that side), the flip, and the output.
+    out = (
+        {"dtype": types.UINT8, "output_layout": "HWC"}
+        if raw_uint8
+        else {
+            "mean": [m * 255 for m in aug.mean],
+            "std": [s * 255 for s in aug.std],
+            "dtype": types.FLOAT16 if spec.dtype == torch.float16 else types.FLOAT,
+            "output_layout": "HWC" if spec.channels_last else "CHW",
+        }
     )
-    return images, label.gpu() if augment_on_gpu else label
+    images = fn.crop_mirror_normalize(
+        images, crop_h=size, crop_w=size, crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror, **out
+    )
+    return images, label.gpu() if augment_on_gpu and not raw_uint8 else label
 
 
 # Bilinear with antialiasing is what PIL's resize does: the torch backend's interpolation.
@@ -166,6 +152,16 @@ def draw_columns(drawn: list[Draws], side: int, aug: AugmentConfig) -> list[list
         for column, value in zip(columns, row, strict=True):
             column.append(value)
     return columns
+
+
+def _val_images(
+    jpegs: Any, aug: AugmentConfig, decode_device: str, augment_on_gpu: bool, hints: dict[str, Any]
+) -> Any:
+    """The whole image, its shorter side resized to `resize_size` (the center crop comes after)."""
+    images = fn.decoders.image(jpegs, device=decode_device, output_type=types.RGB, **hints)
+    if augment_on_gpu and decode_device == "cpu":
+        images = images.gpu()
+    return fn.resize(images, resize_shorter=aug.resize_size, **_RESIZE)
 
 
 def _train_images(

@@ -206,19 +206,9 @@ class TorchLoader(ShardedLoader):
         # torch-uint8, the bench's peers) takes [loader.torch].
         options = spec.options if isinstance(spec.options, TorchLoaderConfig) else spec.loader.torch
         workers = cpu_workers(options.workers, spec.dist.local_world_size)
-        # Headers first, as the dali backend does: a bad file stops the run before its first step,
-        # or (data.on_error = "skip") is announced now and dropped when its batch comes.
         self.spec = spec
         self.skip = spec.on_error == "skip"
-        bad = spec.bad_headers()
-        if bad and not self.skip:
-            raise bad[0]
-        if bad:
-            warnings.warn(
-                f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
-                f"batch comes: {some_of(list(map(str, bad)))}",
-                stacklevel=2,
-            )
+        self._check_headers()
         if transform is None and spec.train:
             # Strict comparison: the full decode DALI makes (val decodes in full either way).
             transform = partial(train_transform, exact=True) if options.exact_decode else train_transform
@@ -227,13 +217,37 @@ class TorchLoader(ShardedLoader):
             collate, to_device, empty = _tuned_path(spec)
         assert to_device is not None and empty is not None
         self.empty = empty  # what a micro-batch of only bad files becomes (skip)
-        self.dataloader = DataLoader(
+        self.dataloader = self._dataloader(spec.listing, transform, collate, workers)
+        # Safe to drop without close(): collected, or at interpreter exit, the workers are
+        # shut down (before multiprocessing's own exit handler would wait on them).
+        self._finalizer = weakref.finalize(self, shutdown_workers, self.dataloader)
+        self.to_device = to_device
+
+    def _check_headers(self) -> None:
+        """Headers first, as the dali backend does: a bad file stops the run before its first
+        step, or (data.on_error = "skip") is announced now and dropped when its batch comes."""
+        bad = self.spec.bad_headers()
+        if bad and not self.skip:
+            raise bad[0]
+        if bad:
+            warnings.warn(
+                f"data.on_error = skip: {len(bad)} file(s) will be left out when their "
+                f"batch comes: {some_of(list(map(str, bad)))}",
+                stacklevel=3,  # the loader's maker, as from __init__
+            )
+
+    def _dataloader(
+        self, listing: Listing, transform: Transform, collate: Collate, workers: int
+    ) -> DataLoader:
+        """The DataLoader over the listing, its batches drawn by this loader's sampler."""
+        spec = self.spec
+        return DataLoader(
             ImageDataset(
-                spec.listing,
+                listing,
                 transform,
                 spec.augment,
                 spec.max_pixels,
-                reads_in_flight(spec.loader.io_depth, spec.listing.prefix),
+                reads_in_flight(spec.loader.io_depth, listing.prefix),
             ),
             batch_sampler=_LoaderSampler(self),
             num_workers=workers,
@@ -250,10 +264,6 @@ class TorchLoader(ShardedLoader):
             # torch's global generator would shift every later draw (Dropout) after a resume.
             generator=torch.Generator().manual_seed(spec.seed * 1009 + spec.dist.rank),
         )
-        # Safe to drop without close(): collected, or at interpreter exit, the workers are
-        # shut down (before multiprocessing's own exit handler would wait on them).
-        self._finalizer = weakref.finalize(self, shutdown_workers, self.dataloader)
-        self.to_device = to_device
 
     def __iter__(self) -> Iterator[Batch]:
         self.ensure_open()  # before iter() starts workers that no finaliser would stop

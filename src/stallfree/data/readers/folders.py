@@ -54,22 +54,8 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
             "train/ (no data.file_list, data.format = folder); give this root a val split, or "
             "set data.val_fraction = 0"
         )
-    if data.format == "tar":  # the tar readers, ours (with a manifest) and other people's
-        from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
-
-        if in_store:
-            if storage.exists(storage.join(data.root, MANIFEST)):
-                return resolve_shards(data.root)
-            from stallfree.data.readers.webdataset import resolve_foreign
-
-            return resolve_foreign(data.root)  # other people's shards, read in place there too
-        if not Path(data.root).is_dir():
-            raise DatasetError(f"data.root {data.root} does not exist")
-        if (Path(data.root) / MANIFEST).is_file():
-            return resolve_shards(data.root)
-        from stallfree.data.readers.webdataset import resolve_foreign
-
-        return resolve_foreign(Path(data.root))
+    if data.format == "tar":
+        return _tar_dataset(data.root, in_store)
     if in_store:
         return _remote_dataset(data.root.rstrip("/"), data.file_list, reuse_listing)
     root = _check_root(data.root, data.val_fraction)
@@ -91,6 +77,27 @@ def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = Fa
     # Sub-folders too: a file replaced in one moves its time, not the class folder's.
     sources = (*(str(root / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
     return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
+
+
+def _tar_dataset(root: str, in_store: bool) -> Dataset:
+    """The tar readers: ours (a root with a manifest) and other people's shards, each read in
+    place, on disk or in a store."""
+    from stallfree.data import storage
+    from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
+
+    if in_store:
+        if storage.exists(storage.join(root, MANIFEST)):
+            return resolve_shards(root)
+        from stallfree.data.readers.webdataset import resolve_foreign
+
+        return resolve_foreign(root)  # other people's shards, read in place there too
+    if not Path(root).is_dir():
+        raise DatasetError(f"data.root {root} does not exist")
+    if (Path(root) / MANIFEST).is_file():
+        return resolve_shards(root)
+    from stallfree.data.readers.webdataset import resolve_foreign
+
+    return resolve_foreign(Path(root))
 
 
 def _remote_dataset(root: str, file_list: str, reuse: bool) -> Dataset:
@@ -296,29 +303,7 @@ def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) 
             f"data.file_list {path} does not exist; point it at a file with one "
             "image path per line (relative to data.root), or unset it"
         )
-    index = {name: label for label, name in enumerate(classes)}
-    tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
-    checked_by, left_out = None, []
-    bases = [str(root)] if remote else [str(root), str(Path(root).resolve())]
-    with open(path, encoding="utf-8", errors="surrogateescape") as lines:
-        for number, line in enumerate(lines, 1):
-            text = line.strip()
-            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), str(root)):
-                checked_by = (m.group(2), int(m.group(3)))
-            if not text or text.startswith("#"):
-                continue
-            # Fast path for the usual clean relative line; anything else is normalised first.
-            plain = not text.startswith(("/", ".")) and "/." not in text and "//" not in text
-            parts = (text if plain else _relative(text, bases)).split(os.sep)
-            if len(parts) < 3 or parts[0] not in SPLITS or parts[1] not in index:
-                raise DatasetError(
-                    f"{path}:{number}: {text!r} is not SPLIT/CLASS/[SUB/]FILE under data.root "
-                    f"{root} with a class of {under('train')}; fix the line or data.root"
-                )
-            if not _accepted(parts[-1]):
-                left_out.append(text)
-                continue
-            tails[parts[0]][index[parts[1]]].append("/".join(parts[1:]))
+    tails, checked_by, left_out = _read_list(path, root, classes, remote, under("train"))
     if left_out:
         warnings.warn(
             f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
@@ -339,6 +324,38 @@ def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) 
     return Dataset(
         root=str(root), classes=classes, splits=splits, sources=(str(path), *folders), checked_by=checked_by
     )
+
+
+def _read_list(
+    path: Path, root: Path | str, classes: tuple[str, ...], remote: bool, train_dir: str
+) -> tuple[dict[str, list[list[str]]], tuple[str, int] | None, list[str]]:
+    """A file list's lines: each split's CLASS/[SUB/]FILE names by label, the version and pixel
+    limit its first line says it was checked under (for this root), and the lines left out
+    (not an accepted image type)."""
+    index = {name: label for label, name in enumerate(classes)}
+    tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
+    checked_by, left_out = None, []
+    bases = [str(root)] if remote else [str(root), str(Path(root).resolve())]
+    with open(path, encoding="utf-8", errors="surrogateescape") as lines:
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), str(root)):
+                checked_by = (m.group(2), int(m.group(3)))
+            if not text or text.startswith("#"):
+                continue
+            # Fast path for the usual clean relative line; anything else is normalised first.
+            plain = not text.startswith(("/", ".")) and "/." not in text and "//" not in text
+            parts = (text if plain else _relative(text, bases)).split(os.sep)
+            if len(parts) < 3 or parts[0] not in SPLITS or parts[1] not in index:
+                raise DatasetError(
+                    f"{path}:{number}: {text!r} is not SPLIT/CLASS/[SUB/]FILE under data.root "
+                    f"{root} with a class of {train_dir}; fix the line or data.root"
+                )
+            if not _accepted(parts[-1]):
+                left_out.append(text)
+                continue
+            tails[parts[0]][index[parts[1]]].append("/".join(parts[1:]))
+    return tails, checked_by, left_out
 
 
 def _same_root(checked: str, root: str) -> bool:

@@ -323,7 +323,7 @@ def resolve_foreign(root_text: str | Path) -> Dataset:
         warnings.warn(
             f"{root}: left out {len(left_out)} sample(s) with a .cls but no image of "
             f"an accepted type ({' '.join(IMAGE_EXTENSIONS)}): {some_of(left_out, 5)}",
-            stacklevel=3,
+            stacklevel=4,  # resolve_dataset's caller (through folders._tar_dataset)
         )
     train_labels = [label for _, _, labels, _ in found["train"] for label in labels]
     if not train_labels:
