@@ -4,6 +4,7 @@ its own state as of the last optimizer step."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,10 @@ import torch
 from helpers import TensorLoader
 from torch import nn
 
-from stallfree.train.ckpt_format import upgrade
+from stallfree.train.checkpoint import SavedCheckpoint
+from stallfree.train.checkpoint.format import upgrade
+from stallfree.train.checkpoint.parts import MissingPartError, PerRank
 from stallfree.train.ema import ModelEma
-from stallfree.train.parts import MissingPartError, PerRank
-from stallfree.train.resume import saved_epoch
 from stallfree.train.trainer import Trainer, TrainerConfig
 
 CPU = torch.device("cpu")
@@ -105,6 +106,6 @@ def test_the_epoch_is_kept_once_in_the_loaders_state() -> None:
         "ranks": [{"loader": {"epoch": 3, "position": 8}, "interval": {}}],
     }
     new = upgrade(old, "ckpt-000000008.pt")
-    assert "epoch" not in new and saved_epoch(new) == 3
+    assert "epoch" not in new and SavedCheckpoint(new, Path("ckpt-000000008.pt")).epoch == 3
     best = upgrade({"format": 4, "model": {}, "epoch": 1, "recipe": {}}, "best.pt")
     assert best["epoch"] == 1  # best.pt's epoch is the one its weights are from

@@ -9,7 +9,6 @@ import re
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -18,7 +17,7 @@ import torch
 
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
-from stallfree.train.ckpt_format import upgrade
+from stallfree.train.checkpoint.format import upgrade
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
@@ -30,14 +29,6 @@ class CheckpointError(StallfreeError, RuntimeError):
     """A checkpoint that cannot be read or used; the message names the file."""
 
     hint = "pass a ckpt-<step>.pt or best.pt that `stallfree train` wrote, or its run directory"
-
-
-@dataclass(frozen=True, slots=True)
-class ResumePoint:
-    """The checkpoint a run continues from: its state (at the current format) and its file."""
-
-    state: dict[str, Any]
-    path: Path
 
 
 class Checkpointer:
@@ -161,7 +152,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
-    return upgrade(state, path)  # every reader sees the current format (train/ckpt_format.py)
+    return upgrade(state, path)  # every reader sees the current format (format.py)
 
 
 def _unsafe_globals(path: Path) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from stallfree.errors import StallfreeError
-from stallfree.train.checkpoint import rng_state, set_rng_state
+from stallfree.train.checkpoint.files import rng_state, set_rng_state
 from stallfree.train.distributed import gather_objects
 from stallfree.train.ema import unwrap
 
