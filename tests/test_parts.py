@@ -109,3 +109,33 @@ def test_the_epoch_is_kept_once_in_the_loaders_state() -> None:
     assert "epoch" not in new and SavedCheckpoint(new, Path("ckpt-000000008.pt")).epoch == 3
     best = upgrade({"format": 4, "model": {}, "epoch": 1, "recipe": {}}, "best.pt")
     assert best["epoch"] == 1  # best.pt's epoch is the one its weights are from
+
+
+def test_the_manager_saves_every_n_steps_at_epoch_ends_and_best_when_improved(tmp_path: Path) -> None:
+    """The save policy the run's hooks call (train/checkpoint/manager.py), over keep-last-2."""
+    from stallfree.train.checkpoint import BEST, Checkpointer
+    from stallfree.train.checkpoint.manager import CheckpointManager
+    from stallfree.train.checkpoint.parts import StateFns
+
+    seen = {"steps": 0}
+    manager = CheckpointManager(
+        Checkpointer(tmp_path, keep=2),
+        {"model": StateFns(lambda: dict(seen), seen.update)},
+        {"recipe": {}},
+        every_steps=2,
+        records=lambda: 7,
+        best=lambda epoch: {"model": {}, "epoch": epoch},
+    )
+    for step in range(1, 6):
+        seen["steps"] = step
+        manager.on_step(step)
+    assert [p.name for p in manager.checkpointer.paths()] == ["ckpt-000000004.pt", "ckpt-000000002.pt"]
+    manager.on_epoch_end(5, epoch=0, improved=False)
+    assert not (tmp_path / BEST).exists()
+    manager.on_epoch_end(5, epoch=1, improved=True)
+    assert SavedCheckpoint.read(tmp_path / BEST).epoch == 1
+    saved = SavedCheckpoint.read(manager.newest())
+    assert manager.newest().name == "ckpt-000000005.pt" and saved.metrics_records == 7
+    seen["steps"] = 0
+    manager.load(saved)  # a resume gives each part its state back
+    assert seen["steps"] == 5

@@ -24,11 +24,11 @@ from stallfree.recipe import Recipe, RecipeError, dump_toml
 from stallfree.train.assemble import build_trainer, steps_per_epoch
 from stallfree.train.checkpoint import Checkpointer, SavedCheckpoint
 from stallfree.train.checkpoint.manager import CheckpointManager
+from stallfree.train.checkpoint.parts import StepMark
 from stallfree.train.distributed import all_reduce_sum, init_distributed, peer_ended_first, shutdown
 from stallfree.train.listing_check import check_ranks_agree
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.outage import (
-    StepMark,
     StoreOutage,
     can_save,
     outage_as_stop,
@@ -353,7 +353,7 @@ def _run(
                 raise outage_error_without_save(
                     exc
                 ) from None  # an error: no closing barrier (train/outage.py)
-            mark.stop = exc  # an outage saves the loader as of the last step
+            mark.rewind = isinstance(exc, StoreOutage)  # an outage saves as of the last step
             ckpt.on_stop(trainer.optimizer_steps)
             exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"
             if dist.rank == 0 and exc.signal != "SIGINT":
