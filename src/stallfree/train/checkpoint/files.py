@@ -18,11 +18,11 @@ import torch
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.train.checkpoint.format import upgrade
+from stallfree.train.rundir import CHECKPOINTS  # a run directory's checkpoints/ folder
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
 BEST = "best.pt"
-CHECKPOINTS_DIR = "checkpoints"
 
 
 class CheckpointError(StallfreeError, RuntimeError):
@@ -98,7 +98,7 @@ def choose_checkpoint(path: str | Path) -> tuple[Path, str]:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
-        folder = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+        folder = path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path
         if (folder / BEST).is_file():
             return folder / BEST, "the run's best epoch"
         newest = Checkpointer(folder).paths()
