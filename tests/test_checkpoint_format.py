@@ -14,7 +14,7 @@ import stallfree.data.autotune as autotune
 from stallfree.recipe import Recipe, dump_toml, recipe_from_dict
 from stallfree.resolved import Resolved
 from stallfree.train.checkpoint import load_checkpoint
-from stallfree.train.ckpt_format import FORMAT, CheckpointFormatError, upgrade
+from stallfree.train.checkpoint.format import FORMAT, CheckpointFormatError, upgrade
 from stallfree.train.evaluate import evaluate_checkpoint
 from stallfree.train.run import train
 

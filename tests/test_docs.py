@@ -15,7 +15,7 @@ from doc_pages import REPO, manual_pages, pages, python_blocks, shell_commands, 
 import stallfree
 from stallfree.cli import build_parser, resolve_recipe
 from stallfree.recipe import RecipeError, apply_overrides, load_recipe, validate
-from stallfree.train.ckpt_format import FORMAT
+from stallfree.train.checkpoint.format import FORMAT
 
 README = REPO / "README.md"
 CHANGELOG = REPO / "CHANGELOG.md"

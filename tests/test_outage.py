@@ -13,7 +13,8 @@ from torch import nn
 
 from stallfree.data.loader import Batch
 from stallfree.data.storage import StoreUnavailableError
-from stallfree.train.outage import StepMark, StoreOutage, outage_as_stop
+from stallfree.train.checkpoint.parts import StepMark
+from stallfree.train.outage import StoreOutage, outage_as_stop
 from stallfree.train.trainer import Trainer, TrainerConfig, TrainerHooks
 
 CPU = torch.device("cpu")
@@ -49,7 +50,8 @@ def test_an_outage_mid_window_resumes_at_the_last_step() -> None:
         with outage_as_stop():  # batch 2 fetched, never stepped
             trainer.train_batches(_failing(loader, at=3), len(loader), hooks=hooks)
     assert trainer.optimizer_steps == 1 and loader.position == 12
-    state = mark.loader_state(stop.value)
+    mark.rewind = isinstance(stop.value, StoreOutage)  # as the run sets it on the stop
+    state = mark.state_dict()
     assert state["position"] == 8  # the one step's two micro-batches of 4
 
     loader.load_state_dict(state)  # what a resume does, with the trainer's state as saved
@@ -66,5 +68,6 @@ def test_an_outage_after_an_epoch_s_last_step_resumes_at_the_next_epoch() -> Non
     for _ in loader:
         mark.step()
     loader.set_epoch(1)  # as fit() does before validating
-    state = mark.loader_state(StoreOutage("s3://b/val/x.jpg: down (still after 3 s)"))
+    mark.rewind = True  # a store outage, met in validation
+    state = mark.state_dict()
     assert (state["epoch"], state["position"]) == (1, 0)

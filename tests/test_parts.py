@@ -4,6 +4,7 @@ its own state as of the last optimizer step."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,10 @@ import torch
 from helpers import TensorLoader
 from torch import nn
 
-from stallfree.train.ckpt_format import upgrade
+from stallfree.train.checkpoint import SavedCheckpoint
+from stallfree.train.checkpoint.format import upgrade
+from stallfree.train.checkpoint.parts import MissingPartError, PerRank
 from stallfree.train.ema import ModelEma
-from stallfree.train.parts import MissingPartError, PerRank
-from stallfree.train.resume import saved_epoch
 from stallfree.train.trainer import Trainer, TrainerConfig
 
 CPU = torch.device("cpu")
@@ -105,6 +106,36 @@ def test_the_epoch_is_kept_once_in_the_loaders_state() -> None:
         "ranks": [{"loader": {"epoch": 3, "position": 8}, "interval": {}}],
     }
     new = upgrade(old, "ckpt-000000008.pt")
-    assert "epoch" not in new and saved_epoch(new) == 3
+    assert "epoch" not in new and SavedCheckpoint(new, Path("ckpt-000000008.pt")).epoch == 3
     best = upgrade({"format": 4, "model": {}, "epoch": 1, "recipe": {}}, "best.pt")
     assert best["epoch"] == 1  # best.pt's epoch is the one its weights are from
+
+
+def test_the_manager_saves_every_n_steps_at_epoch_ends_and_best_when_improved(tmp_path: Path) -> None:
+    """The save policy the run's hooks call (train/checkpoint/manager.py), over keep-last-2."""
+    from stallfree.train.checkpoint import BEST, Checkpointer
+    from stallfree.train.checkpoint.manager import CheckpointManager
+    from stallfree.train.checkpoint.parts import StateFns
+
+    seen = {"steps": 0}
+    manager = CheckpointManager(
+        Checkpointer(tmp_path, keep=2),
+        {"model": StateFns(lambda: dict(seen), seen.update)},
+        {"recipe": {}},
+        every_steps=2,
+        records=lambda: 7,
+        best=lambda epoch: {"model": {}, "epoch": epoch},
+    )
+    for step in range(1, 6):
+        seen["steps"] = step
+        manager.on_step(step)
+    assert [p.name for p in manager.checkpointer.paths()] == ["ckpt-000000004.pt", "ckpt-000000002.pt"]
+    manager.on_epoch_end(5, epoch=0, improved=False)
+    assert not (tmp_path / BEST).exists()
+    manager.on_epoch_end(5, epoch=1, improved=True)
+    assert SavedCheckpoint.read(tmp_path / BEST).epoch == 1
+    saved = SavedCheckpoint.read(manager.newest())
+    assert manager.newest().name == "ckpt-000000005.pt" and saved.metrics_records == 7
+    seen["steps"] = 0
+    manager.load(saved)  # a resume gives each part its state back
+    assert seen["steps"] == 5

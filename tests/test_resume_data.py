@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import small_recipe, stop_after
 
-from stallfree.train.checkpoint import load_checkpoint
+from stallfree.train.checkpoint import SavedCheckpoint, load_checkpoint
 from stallfree.train.resume import ResumeError
 from stallfree.train.trainer import PreemptedError
 
@@ -87,7 +87,9 @@ def test_a_store_root_is_named_as_written_in_the_refusal(tmp_path: Path) -> None
         "ranks": [{"loader": {"epoch": 0, "position": 0}}],
     }
     with pytest.raises(ResumeError) as err:
-        check_compatible(state, small_recipe("s3://bucket/b"), resolved, 1, tmp_path / "ckpt.pt")
+        check_compatible(
+            SavedCheckpoint(state, tmp_path / "ckpt.pt"), small_recipe("s3://bucket/b"), resolved, 1
+        )
     assert "checkpoint 's3://bucket/a', now 's3://bucket/b'" in str(err.value), err.value
 
 
@@ -107,7 +109,8 @@ def test_a_resume_on_a_stale_cached_listing_says_so_in_its_one_line(tmp_path: Pa
         "ranks": [{"loader": {"epoch": 0, "position": 8}}],
     }
     with pytest.raises(ResumeError) as err:
-        check_same_data(state, data_record(dataset), dataset, tmp_path / "ckpt-000000010.pt")
+        saved = SavedCheckpoint(state, tmp_path / "ckpt-000000010.pt")
+        check_same_data(saved, data_record(dataset), dataset)
     line = str(err.value)
     assert "92 samples at the checkpoint, 91 now" in line and f"resumed on {cached}" in line, line
     assert "STALLFREE_RELIST=1" in line and "likely cause" in line and "\n" not in line

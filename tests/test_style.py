@@ -210,3 +210,93 @@ def test_module_docstrings_are_a_few_lines() -> None:
         if doc is not None and len(doc.splitlines()) > 8:
             long[str(path.relative_to(package))] = len(doc.splitlines())
     assert not long, f"module docstrings over 8 lines: {long}"
+
+
+# A checkpoint's top-level keys (train/checkpoint/format.py's FORMAT): only train/checkpoint/
+# reads them; every other module goes through `SavedCheckpoint`'s typed properties.
+_CHECKPOINT_KEYS = {
+    "class_names",
+    "counters",
+    "data",
+    "ema",
+    "epoch",
+    "format",
+    "metrics_records",
+    "model",
+    "num_classes",
+    "position",
+    "ranks",
+    "recipe",
+    "resolved",
+    "segments",
+    "stallfree_version",
+    "totals",
+    "upgraded_from",
+    "val_top1",
+    "world_size",
+}
+
+
+def _checkpoint_reads(path: Path) -> list[int]:
+    """Lines of `path` that take a checkpoint key from a loaded dict (`state["epoch"]`,
+    `found.state.get("model")`, `"ema" in ckpt`), outside a part (a class with a
+    `load_state_dict`), which reads its own state under its own key."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    own = {
+        id(n)
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef)
+        and any(isinstance(f, ast.FunctionDef) and f.name == "load_state_dict" for f in c.body)
+        for n in ast.walk(c)
+    }
+    names = {"state", "ckpt", "checkpoint", "saved", "found", "loaded"}
+
+    def is_dict(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id in names) or (
+            isinstance(node, ast.Attribute) and node.attr == "state"
+        )
+
+    def key(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in _CHECKPOINT_KEYS
+
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in own:
+            continue
+        read = (
+            (isinstance(node, ast.Subscript) and is_dict(node.value) and key(node.slice))
+            or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "pop", "setdefault")
+                and is_dict(node.func.value)
+                and bool(node.args)
+                and key(node.args[0])
+            )
+            or (
+                isinstance(node, ast.Compare)
+                and key(node.left)
+                and isinstance(node.ops[0], ast.In | ast.NotIn)
+                and is_dict(node.comparators[0])
+            )
+        )
+        if read:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_checkpoint_package_reads_a_checkpoints_keys() -> None:
+    """One package knows a checkpoint's layout (train/checkpoint/): what others need of a saved
+    one (epoch, position, world size, recipe, resolved record, weights) they read through
+    `SavedCheckpoint`, so a new format changes one place."""
+    package = ROOT / "src" / "stallfree"
+    inside = package / "train" / "checkpoint"
+    found = [
+        f"{path.relative_to(package)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        if inside not in path.parents
+        for line in _checkpoint_reads(path)
+    ]
+    assert not found, found

@@ -101,22 +101,22 @@ class Predictor:
 
         from stallfree.models import build_model
         from stallfree.recipe import recipe_from_dict
-        from stallfree.train.checkpoint import load_checkpoint
+        from stallfree.train.checkpoint import SavedCheckpoint
         from stallfree.train.export_weights import checkpoint_num_classes, class_names
 
         self.path = Path(checkpoint)
-        state = load_checkpoint(self.path)
-        if "recipe" not in state:
+        saved = SavedCheckpoint.read(self.path)
+        if not saved.has_recipe:
             raise PredictError(f"{self.path} holds no recipe: not a stallfree checkpoint or best.pt")
-        if ema and "ema" not in state:
+        if ema and not saved.has_ema:
             raise PredictError(f"{self.path} holds no EMA weights (train.ema_decay was 0); drop --ema")
-        self.recipe = recipe_from_dict(state["recipe"])
-        count = checkpoint_num_classes(state)
-        self.class_names = class_names(state, count)
+        self.recipe = recipe_from_dict(saved.recipe)
+        count = checkpoint_num_classes(saved)
+        self.class_names = class_names(saved, count)
         # The checkpoint holds every weight: nothing to download or initialise from.
         config = dataclasses.replace(self.recipe.model, init_from="")
         model = build_model(config, count, load_pretrained=False)
-        model.load_state_dict(state["ema"]["module"] if ema else state["model"])
+        model.load_state_dict(saved.weights(ema=ema))
         self.model = model.to(device).eval()
         self.device = torch.device(device)
 

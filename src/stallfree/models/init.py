@@ -36,8 +36,9 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
         raise InitFromError(
             f"model.init_from = {path}: cannot read it as weights ({type(exc).__name__}: {exc})"
         ) from exc
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # a stallfree checkpoint or best.pt
+    from stallfree.train.checkpoint.saved import model_weights
+
+    state = model_weights(state)  # a stallfree checkpoint's or best.pt's, or a plain state dict
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InitFromError(f"model.init_from = {path}: not a state dict of tensors")
     for prefix in _WRAPPER_PREFIXES:

@@ -15,9 +15,8 @@ import torch
 from stallfree.models import build_model
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe
-from stallfree.resolved import Resolved
 from stallfree.train.accuracy import evaluate_model
-from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
+from stallfree.train.checkpoint import SavedCheckpoint, resolve_checkpoint
 from stallfree.train.distributed import init_distributed, shutdown
 from stallfree.train.precision import PrecisionPolicy
 from stallfree.train.prepare import prepare
@@ -41,21 +40,21 @@ def evaluate_checkpoint(
     normalisation (recipe_match)."""
     dist = DistInfo.from_env()
     checkpoint = resolve_checkpoint(checkpoint)
-    state = load_checkpoint(checkpoint)
+    saved = SavedCheckpoint.read(checkpoint)
     previous = None
     if recipe is None:
-        recipe = own_recipe(checkpoint_recipe(state, checkpoint), flags or {}, overrides, checkpoint)
-        previous = Resolved.from_dict(state["resolved"], f"{checkpoint}'s resolved record")
+        recipe = own_recipe(checkpoint_recipe(saved), flags or {}, overrides, checkpoint)
+        previous = saved.resolved
     else:  # held to the checkpoint as strictly as a file (a Python caller passes none)
         given = given or "the recipe given"
     ctx = prepare(recipe, dist, previous)
     recipe, device = ctx.recipe, ctx.device
-    hold_to_checkpoint(recipe, ctx.num_classes, ctx.class_names, state, checkpoint, given=given)
+    hold_to_checkpoint(recipe, ctx.num_classes, ctx.class_names, saved, given=given)
     init_distributed(dist, device)
     loader = ctx.loader("val")
     try:
         model = build_model(recipe.model, ctx.num_classes, load_pretrained=False)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(saved.weights())
         if recipe.train.channels_last:
             # torch's stubs omit Module.to's memory_format, which it accepts (as `Tensor.to` does)
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -22,27 +22,28 @@ import torch
 from stallfree.errors import StallfreeError
 from stallfree.models import build_model
 from stallfree.recipe import Recipe, recipe_from_dict
-from stallfree.train.checkpoint import load_checkpoint, resolve_checkpoint
+from stallfree.train.checkpoint import SavedCheckpoint, resolve_checkpoint
+from stallfree.train.checkpoint.saved import last_linear_rows
 
 
 class ExportError(StallfreeError, ValueError):
     """A checkpoint that cannot be exported as asked; the message says why."""
 
 
-def checkpoint_num_classes(state: dict[str, Any]) -> int:
+def checkpoint_num_classes(checkpoint: SavedCheckpoint) -> int:
     """The class count the checkpoint was trained with: recorded, else its last 2-D weight's."""
-    if state.get("num_classes"):
-        return int(state["num_classes"])
-    weights = [v for v in state["model"].values() if isinstance(v, torch.Tensor) and v.dim() == 2]
-    if not weights:
+    if checkpoint.recorded_num_classes:
+        return checkpoint.recorded_num_classes
+    rows = last_linear_rows(checkpoint.weights())
+    if rows is None:
         raise ExportError("the checkpoint records no class count and has no linear layer")
-    return int(weights[-1].shape[0])
+    return rows
 
 
-def class_names(state: dict[str, Any], num_classes: int) -> list[str]:
+def class_names(checkpoint: SavedCheckpoint, num_classes: int) -> list[str]:
     """Each label's name, in label order: what the checkpoint records; a checkpoint from before
     class names were saved (or a label beyond them) is named by its number."""
-    known = [str(name) for name in state.get("class_names") or []][:num_classes]
+    known = checkpoint.class_names[:num_classes]
     return known + [str(i) for i in range(len(known), num_classes)]
 
 
@@ -68,20 +69,20 @@ def export_checkpoint(
     if missing and formats is not None:
         raise ExportError(f"model.onnx needs {missing}: {ONNX_INSTALL}")
     path = resolve_checkpoint(checkpoint)
-    state = load_checkpoint(path)
-    if ema and "ema" not in state:
+    saved = SavedCheckpoint.read(path)
+    if ema and not saved.has_ema:
         raise ExportError(f"{path} holds no EMA weights (train.ema_decay was 0); drop --ema")
-    if "recipe" not in state:
+    if not saved.has_recipe:
         raise ExportError(f"{path} holds no recipe: not a stallfree checkpoint or best.pt")
-    recipe = recipe_from_dict(state["recipe"])
-    classes = checkpoint_num_classes(state)
+    recipe = recipe_from_dict(saved.recipe)
+    classes = checkpoint_num_classes(saved)
     model = build_model(recipe.model, classes, load_pretrained=False)  # the checkpoint has them
-    model.load_state_dict(state["ema"]["module"] if ema else state["model"])
+    model.load_state_dict(saved.weights(ema=ema))
     model.eval()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out / "state_dict.pt")
-    info = _export_info(path, recipe, state, classes, ema=ema)
+    info = _export_info(path, recipe, saved, classes, ema=ema)
     for name in PROGRAMS:  # a previous export's: the folder holds what export.json says
         (out / name).unlink(missing_ok=True)
     if missing:
@@ -94,7 +95,7 @@ def export_checkpoint(
 
 
 def _export_info(
-    path: Path, recipe: Recipe, state: dict[str, Any], classes: int, *, ema: bool
+    path: Path, recipe: Recipe, saved: SavedCheckpoint, classes: int, *, ema: bool
 ) -> dict[str, Any]:
     """export.json's data before the programs are written: the model and what it expects."""
     size = recipe.augment.val_size  # what evaluation feeds it
@@ -102,7 +103,7 @@ def _export_info(
         "checkpoint": str(path),
         "model": recipe.model.name,
         "num_classes": classes,
-        "class_names": class_names(state, classes),
+        "class_names": class_names(saved, classes),
         "weights": "ema" if ema else "model",
         "input": [3, size, size],
         # The val transform, for preprocessing outside stallfree: resize the shorter side to

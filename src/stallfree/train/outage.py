@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
 from stallfree.data import storage
-from stallfree.data.loader import Loader
 from stallfree.train.distributed import all_reduce_sum
 from stallfree.train.trainer import PreemptedError
 
@@ -31,35 +29,6 @@ def outage_as_stop() -> Iterator[None]:
         yield
     except storage.StoreUnavailableError as exc:
         raise StoreOutage(str(exc)) from None
-
-
-class StepMark:
-    """The train loader as of the last optimizer step: an outage met between the fetches of an
-    accumulation window leaves the loader past micro-batches never trained on (the trainer
-    collects a window before its forwards, so nothing else moved); the loader gives them back
-    (`Loader.state_at_last_step`)."""
-
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-        self.stop: PreemptedError | None = None  # the stop a save is for, once one came
-        loader.mark_step()  # a resume's point, or 0
-
-    def step(self) -> None:
-        """After each optimizer step (the run's on_step hook)."""
-        self.loader.mark_step()
-
-    def loader_state(self, stop: PreemptedError | None = None) -> dict[str, Any]:
-        """The loader's state to save on `stop`; after an outage, as of the last step."""
-        return self.loader.state_at_last_step() if isinstance(stop, StoreOutage) else self.loader.state_dict()
-
-    def state_dict(self) -> dict[str, Any]:
-        """The train loader's part of a checkpoint: its state on `self.stop`."""
-        return self.loader_state(self.stop)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A resume: the loader at the checkpoint's positions, marked as its last step."""
-        self.loader.load_state_dict(state)
-        self.loader.mark_step()
 
 
 def can_save(stop: PreemptedError, world_size: int) -> bool:

@@ -24,7 +24,7 @@ from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError
 from stallfree.resolved import Resolved
-from stallfree.train.checkpoint import ResumePoint
+from stallfree.train.checkpoint import SavedCheckpoint
 from stallfree.train.distributed import resolve_device
 from stallfree.train.precision import resolve_precision
 from stallfree.version import __version__
@@ -44,14 +44,14 @@ class RunContext:
     resolved: Resolved
     dataset: Dataset | None = None
     autotune: dict[str, Any] | None = None  # what workers/threads = "auto" measured, if it did
-    resume: ResumePoint | None = None  # the checkpoint the run continues from, if any
+    resume: SavedCheckpoint | None = None  # the checkpoint the run continues from, if any
 
     @property
     def resuming(self) -> bool:
         """Whether the run continues from a checkpoint (whose weights are loaded later)."""
         return self.resume is not None
 
-    def with_resume(self, found: ResumePoint | None) -> RunContext:
+    def with_resume(self, found: SavedCheckpoint | None) -> RunContext:
         """This context continuing from `found` (None: a fresh start)."""
         return dataclasses.replace(self, resume=found)
 
@@ -77,7 +77,7 @@ class RunContext:
         if not autotune.asks_auto(backend):
             return self
         if previous is None and self.resume is not None:
-            previous = Resolved.from_dict(self.resume.state["resolved"], f"{self.resume.path}")
+            previous = self.resume.resolved
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
             count, figures = measure_auto_count(

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe, RecipeError, apply_flags, recipe_from_dict, validate
+
+if TYPE_CHECKING:  # annotations only: eval reads the checkpoint and hands it here
+    from stallfree.train.checkpoint import SavedCheckpoint
 
 
 class RecipeMismatchError(StallfreeError, ValueError):
@@ -26,11 +29,11 @@ class RecipeMismatchError(StallfreeError, ValueError):
     same_on_every_rank = True  # every rank reads the same checkpoint and recipe
 
 
-def checkpoint_recipe(state: dict[str, Any], path: Path) -> Recipe:
+def checkpoint_recipe(checkpoint: SavedCheckpoint) -> Recipe:
     """The recipe a checkpoint was trained with."""
-    if "recipe" not in state:
-        raise RecipeMismatchError(f"{path} holds no recipe: not a stallfree checkpoint or best.pt")
-    return recipe_from_dict(state["recipe"], source=f"{path}'s recipe")
+    if not checkpoint.has_recipe:
+        raise RecipeMismatchError(f"{checkpoint.path} holds no recipe: not a stallfree checkpoint or best.pt")
+    return recipe_from_dict(checkpoint.recipe, source=f"{checkpoint.path}'s recipe")
 
 
 def own_recipe(trained: Recipe, flags: Mapping[str, Any], overrides: Sequence[str], path: Path) -> Recipe:
@@ -72,18 +75,18 @@ def hold_to_checkpoint(
     recipe: Recipe,
     num_classes: int,
     names: list[str],
-    state: dict[str, Any],
-    path: Path,
+    checkpoint: SavedCheckpoint,
     *,
     given: str = "",
 ) -> None:
     """Refuse (or warn about) what differs between `recipe`, whose dataset has `num_classes`
-    labels named `names`, and the checkpoint's `state` at `path`. `given`: the recipe file the
-    user passed ("" for the checkpoint's own, with --set overrides)."""
+    labels named `names`, and `checkpoint`. `given`: the recipe file the user passed ("" for
+    the checkpoint's own, with --set overrides)."""
     from stallfree.train.export_weights import checkpoint_num_classes, class_names
 
-    trained_classes = checkpoint_num_classes(state)
-    if "recipe" not in state:  # a bare state dict: only its class count can be held to the recipe
+    path = checkpoint.path
+    trained_classes = checkpoint_num_classes(checkpoint)
+    if not checkpoint.has_recipe:  # a bare state dict: only its class count can be held to the recipe
         if trained_classes != num_classes:
             raise RecipeMismatchError(
                 f"{path} has {trained_classes} classes, but {recipe.data.root} has {num_classes}; "
@@ -91,7 +94,7 @@ def hold_to_checkpoint(
             )
         LOGGER.warning(f"{path} holds no recipe: {given or 'the recipe'} is taken as it is, unchecked")
         return
-    trained = checkpoint_recipe(state, path)
+    trained = checkpoint_recipe(checkpoint)
     source = given or "the --set overrides"
     fix = (
         f"omit {given} to evaluate with the checkpoint's own recipe (and --set a value to change "
@@ -106,10 +109,9 @@ def hold_to_checkpoint(
             raise RecipeMismatchError(
                 f"{source}: {key} is {value!r}, but {path} was trained with {model_then[key]!r}; {fix}"
             )
-    if state.get("class_names") and names != class_names(state, trained_classes):
-        label, here, then = next(
-            (i, a, b) for i, (a, b) in enumerate(zip(names, class_names(state, trained_classes))) if a != b
-        )
+    trained_names = class_names(checkpoint, trained_classes)
+    if checkpoint.class_names and names != trained_names:
+        label, here, then = next((i, a, b) for i, (a, b) in enumerate(zip(names, trained_names)) if a != b)
         raise RecipeMismatchError(
             f"{source}: label {label} is {here!r} in {recipe.data.root}, but {then!r} in {path}'s "
             f"training (class folders must have the training's names); {fix}"

@@ -1,9 +1,10 @@
-"""Resume: what goes into a checkpoint, and what must match for a run to continue from it."""
+"""Resume: which checkpoint a run continues from, and what must match for it to continue.
+
+What goes into a checkpoint is train/checkpoint/manager.py's; this reads a saved one only
+through `SavedCheckpoint`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,80 +14,11 @@ from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
 from stallfree.recipe import Recipe
 from stallfree.resolved import Resolved
-from stallfree.train.checkpoint import LATEST, Checkpointer, ResumePoint, latest_target, load_checkpoint
-from stallfree.train.ckpt_format import FORMAT, resumable
-from stallfree.train.parts import PerRank, RngState, Stateful, load_parts, save_parts
-from stallfree.train.prepare import RunContext
-from stallfree.train.trainer import Trainer
-from stallfree.version import __version__
+from stallfree.train.checkpoint import LATEST, Checkpointer, SavedCheckpoint, latest_target
 
 
 class ResumeError(StallfreeError, ValueError):
     """A checkpoint whose run differs from this one in a way that changes its meaning."""
-
-
-def saved_epoch(state: dict[str, Any]) -> int:
-    """The epoch a checkpoint continues: its loader's, the one place the epoch is kept."""
-    return int(state["ranks"][0]["loader"]["epoch"])
-
-
-def saved_position(state: dict[str, Any]) -> int:
-    """The global sample of `saved_epoch` a checkpoint continues from (0: the epoch's start)."""
-    return int(state["ranks"][0]["loader"]["position"])
-
-
-@dataclass(slots=True)
-class RunCheckpoint:
-    """A resumable checkpoint: the dict of its parts, each under its key (the trainer's parts,
-    the segment clock, every rank's loader, RNGs and open log interval), and the facts that
-    say which run it belongs to (the ones `check_compatible` and `check_same_data` compare,
-    and what export and predict read: the class count and names)."""
-
-    parts: dict[str, Stateful]
-    facts: dict[str, Any]
-    records: Callable[[], int]  # lines in metrics.jsonl: a resume cuts it back to them
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **save_parts(self.parts),
-            **self.facts,
-            "metrics_records": self.records(),
-            "stallfree_version": __version__,
-            "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_parts(state, self.parts)
-
-
-def run_checkpoint(
-    trainer: Trainer,
-    loader: Stateful,
-    clock: Stateful,
-    ctx: RunContext,
-    data: dict[str, Any],
-) -> RunCheckpoint:
-    """The checkpoint of a training run: `loader` is the train loader's part (the run's
-    `StepMark`), `clock` the segment clock's, `data` the run's `data_record`."""
-    dist = trainer.dist
-    per_rank = PerRank(
-        dist.rank,
-        dist.world_size,
-        positions={"loader": loader},
-        own={"rng": RngState(ctx.device)},
-        same_world={"interval": trainer.interval_part()},
-    )
-    facts = {
-        "recipe": ctx.recipe.to_dict(),  # as given; what its "auto" values became is "resolved"
-        "resolved": ctx.resolved.to_dict(),
-        "num_classes": ctx.num_classes,  # what the model was built with (export reads it)
-        "class_names": ctx.class_names,  # label order; predict and export.json read it
-        "world_size": dist.world_size,
-        "data": dict(data),
-    }
-    return RunCheckpoint(
-        {**trainer.parts(), "segments": clock, "ranks": per_rank}, facts, lambda: trainer.sinks.records
-    )
 
 
 def data_record(dataset: Dataset | None) -> dict[str, Any]:
@@ -100,7 +32,7 @@ def data_record(dataset: Dataset | None) -> dict[str, Any]:
 
 
 def check_same_data(
-    state: dict[str, Any], now: dict[str, Any], dataset: Dataset | None, path: Path, force: bool = False
+    checkpoint: SavedCheckpoint, now: dict[str, Any], dataset: Dataset | None, force: bool = False
 ) -> None:
     """Refuse a mid-epoch resume on other data than the checkpoint's; `now` is `data_record`
     of `dataset` (made once a run: it hashes every train file's name).
@@ -110,20 +42,20 @@ def check_same_data(
     twice and others never, silently. At an epoch's start nothing of the epoch was read, so
     the new data is only said; `force` goes on mid-epoch too, saying what it costs.
     """
-    saved = state.get("data") or {}
+    saved, path = checkpoint.data, checkpoint.path
     cached = dataset.cached_listing if dataset is not None else ""
     if cached and saved == now:  # the claim checked: the checkpoint's positions count it
         LOGGER.info(f"resuming on {cached}, which the checkpoint's positions count")
     if not saved or not now or saved == now or dataset is None:
         return  # a checkpoint from before this record, or no listing at all
-    position = saved_position(state)
+    position = checkpoint.position
     where = dataset.splits["train"].prefix.rstrip("/")
     change = f"{saved['train_samples']} samples at the checkpoint, {now['train_samples']} now" + (
         ", other files or labels" if saved["train_samples"] == now["train_samples"] else ""
     )
     if cached:  # this node's cached listing is not the checkpoint's: stale, the likely cause
         change += f"; this node resumed on {cached}, the likely cause"
-    epoch = saved_epoch(state)
+    epoch = checkpoint.epoch
     if position == 0:
         LOGGER.warning(f"{where} changed since {path.name} ({change}): epoch {epoch} reads it as it is now")
     elif force:
@@ -140,24 +72,6 @@ def check_same_data(
         )
 
 
-def best_state(trainer: Trainer, ctx: RunContext, epoch: int) -> dict[str, Any]:
-    """What best.pt holds: the weights (and EMA) after `epoch`, its val top-1, the recipe.
-    A checkpoint `stallfree eval` and `model.init_from` read; not one to resume from."""
-    weights = {key: part for key, part in trainer.parts().items() if key in ("model", "ema")}
-    return {
-        **save_parts(weights),
-        "epoch": epoch,
-        "step": trainer.optimizer_steps,
-        "val_top1": trainer.best_val_top1,
-        "recipe": ctx.recipe.to_dict(),
-        "resolved": ctx.resolved.to_dict(),
-        "num_classes": ctx.num_classes,
-        "class_names": ctx.class_names,
-        "stallfree_version": __version__,
-        "format": FORMAT,  # a new key: bump FORMAT and give older files its default there
-    }
-
-
 def _root_named(root: str) -> str:
     """A local root resolved (a relative one names a folder from where it ran), a URL as is."""
     if not root:
@@ -165,13 +79,13 @@ def _root_named(root: str) -> str:
     return str(Path(root).resolve()) if storage.open(root).is_local else root
 
 
-def _semantics(recipe: dict[str, Any], resolved: dict[str, Any], world_size: int) -> dict[str, Any]:
+def _semantics(recipe: dict[str, Any], backend: str, world_size: int) -> dict[str, Any]:
     train = recipe["train"]
     return {
         "global batch (train.batch_size x train.accum_steps x world size)": train["batch_size"]
         * train["accum_steps"]
         * world_size,
-        "loader.backend": resolved["backend"],  # the one that ran: "auto" decided
+        "loader.backend": backend,  # the one that ran: "auto" decided
         "data.root": _root_named(recipe["data"]["root"]),
         "model.name": recipe["model"]["name"],
         "train.epochs": train["epochs"],  # the LR schedule's length
@@ -179,11 +93,10 @@ def _semantics(recipe: dict[str, Any], resolved: dict[str, Any], world_size: int
 
 
 def check_compatible(
-    state: dict[str, Any],
+    checkpoint: SavedCheckpoint,
     recipe: Recipe,
     resolved: Resolved,
     world_size: int,
-    path: Path,
     force: bool = False,
 ) -> None:
     """Refuse to resume a run whose global batch, backend (as `resolved`, "auto" decided),
@@ -195,21 +108,23 @@ def check_compatible(
     re-lays it mid-run, so the LR jumps (after a finished run, from near 0 back up); `force`
     accepts that, as it does the other differences.
     """
-    if not resumable(state):
+    path = checkpoint.path
+    if not checkpoint.resumable:
         raise ResumeError(
             f"cannot resume from {path}: it was written by stallfree "
-            f"{state.get('stallfree_version', '< 0.2')}, which counted the loader "
+            f"{checkpoint.version}, which counted the loader "
             "position in batches, not samples; finish that run with the version "
             "that wrote it, or start this one in another --out"
         )
-    saved = _semantics(state["recipe"], state["resolved"], int(state["world_size"]))
-    now = _semantics(recipe.to_dict(), resolved.to_dict(), world_size)
+    saved_recipe = checkpoint.recipe
+    saved = _semantics(saved_recipe, checkpoint.resolved.backend, checkpoint.world_size)
+    now = _semantics(recipe.to_dict(), resolved.backend, world_size)
     diffs = [f"{key}: checkpoint {saved[key]!r}, now {now[key]!r}" for key in saved if saved[key] != now[key]]
     if diffs and not force:
-        saved_epochs = state["recipe"]["train"]["epochs"]
+        saved_epochs = saved_recipe["train"]["epochs"]
         done = (
             f" That run had already finished ({saved_epochs} epochs)."
-            if saved_epoch(state) >= saved_epochs
+            if checkpoint.epoch >= saved_epochs
             else ""
         )
         epochs = f" (--epochs {saved_epochs})" if saved_epochs != recipe.train.epochs else ""
@@ -227,11 +142,11 @@ def check_compatible(
         )
 
 
-def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
+def find_resume(resume: str, checkpointer: Checkpointer) -> SavedCheckpoint | None:
     """`auto`: the newest checkpoint that loads (None if there is none); else the given file."""
     if resume == "auto":
         latest = checkpointer.load_latest()
-        return ResumePoint(*latest) if latest is not None else None
+        return SavedCheckpoint(*latest) if latest is not None else None
     path = Path(resume)
     if path.name == LATEST and path.is_file():
         path = latest_target(path)  # the newest checkpoint, as eval, predict and export read it
@@ -240,21 +155,21 @@ def find_resume(resume: str, checkpointer: Checkpointer) -> ResumePoint | None:
             f"--resume {path} is a directory; pass a checkpoint file "
             f"({path}/checkpoints/ckpt-<step>.pt) or --resume auto with --out {path}"
         )
-    state = load_checkpoint(path)
+    found = SavedCheckpoint.read(path)
     others = [p for p in checkpointer.paths() if p.resolve() != path.resolve()]
     if others and path.resolve().parent != checkpointer.directory.resolve():
         raise ResumeError(
             f"{checkpointer.directory} already holds another run's checkpoints "
             f"({', '.join(p.name for p in others[:3])}); resume into an empty --out"
         )
-    newer = [p.name for p in others if _step(p) > state["counters"]["optimizer_steps"]]
+    newer = [p.name for p in others if _step(p) > found.optimizer_steps]
     if newer:
         raise ResumeError(
             f"{checkpointer.directory} holds checkpoints newer than {path.name} "
             f"({', '.join(newer)}): resuming would mix two histories; move them "
             "away first, or resume into another --out"
         )
-    return ResumePoint(state, path)
+    return found
 
 
 def _step(path: Path) -> int:

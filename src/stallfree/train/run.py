@@ -22,12 +22,13 @@ from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError, dump_toml
 from stallfree.train.assemble import build_trainer, steps_per_epoch
-from stallfree.train.checkpoint import Checkpointer, ResumePoint
+from stallfree.train.checkpoint import Checkpointer, SavedCheckpoint
+from stallfree.train.checkpoint.manager import CheckpointManager
+from stallfree.train.checkpoint.parts import StepMark
 from stallfree.train.distributed import all_reduce_sum, init_distributed, peer_ended_first, shutdown
 from stallfree.train.listing_check import check_ranks_agree
 from stallfree.train.microbatch import probe_micro_batch
 from stallfree.train.outage import (
-    StepMark,
     StoreOutage,
     can_save,
     outage_as_stop,
@@ -37,16 +38,7 @@ from stallfree.train.outage import (
 from stallfree.train.prepare import RunContext, prepare_recipe
 from stallfree.train.profile import StepProfiler
 from stallfree.train.progress import time_to_go
-from stallfree.train.resume import (
-    RunCheckpoint,
-    best_state,
-    check_compatible,
-    check_same_data,
-    data_record,
-    find_resume,
-    run_checkpoint,
-    saved_epoch,
-)
+from stallfree.train.resume import check_compatible, check_same_data, data_record, find_resume
 from stallfree.train.rundir import RunDir
 from stallfree.train.signals import StopSignal
 from stallfree.train.trainer import MicroBatchOOMError, PreemptedError, Trainer, TrainerHooks
@@ -134,11 +126,11 @@ def train(
     if found is None:
         run.check_fresh_start(resume)
     else:
-        check_compatible(found.state, recipe, ctx.resolved, dist.world_size, found.path, force)
-        if saved_epoch(found.state) >= recipe.train.epochs:
+        check_compatible(found, recipe, ctx.resolved, dist.world_size, force)
+        if found.epoch >= recipe.train.epochs:
             # A requeued job that had finished: exit before any listing, with its summary.
             LOGGER.info(
-                f"{out_dir} holds a finished run (epoch {saved_epoch(found.state)} of "
+                f"{out_dir} holds a finished run (epoch {found.epoch} of "
                 f"{recipe.train.epochs}); nothing to do"
             )
             return run.finished_summary()
@@ -147,7 +139,7 @@ def train(
     ctx = ctx.with_resume(found).with_dataset().with_loader_counts()
     data = data_record(ctx.dataset)  # once: a digest of every train file's name and label
     if found is not None:
-        check_same_data(found.state, data, ctx.dataset, found.path, force)
+        check_same_data(found, data, ctx.dataset, force)
     seed_everything(recipe.train.seed, dist.rank)
     init_distributed(dist, device)
     check_ranks_agree(ctx.dataset, data, dist.rank, dist.world_size)  # nodes list on their own
@@ -165,13 +157,13 @@ def train(
             ctx = ctx.with_resolved(micro_batch=trainer.micro.size)
         # The last step's loader positions (an outage gives back the rest).
         mark = StepMark(loaders["train"])
-        ckpt = run_checkpoint(trainer, mark, clock, ctx, data)
+        ckpt = CheckpointManager.for_run(checkpointer, trainer, mark, clock, ctx, data)
         if found is not None:
-            ckpt.load_state_dict(found.state)
+            ckpt.load(found)
         start_epoch = loaders["train"].epoch  # the loader keeps the epoch (a resume's, or 0)
         _barrier_after_checks()
         if dist.rank == 0:
-            records = found.state["metrics_records"] if found else 0
+            records = found.metrics_records if found else 0
             run.start(dump_toml(recipe), ctx.resolved.to_toml(), records)
             params = {**recipe.to_dict(), "resolved": ctx.resolved.to_dict()}
             sinks.open(run.path, tuple(recipe.train.trackers), _flat(params))
@@ -181,7 +173,7 @@ def train(
                 held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
                 (run.path / "val_holdout.txt").write_text(held)
         _announce(ctx, found, start_epoch, trainer)
-        summary = _run(trainer, loaders, checkpointer, run, ctx, start_epoch, profile_steps, ckpt, mark)
+        summary = _run(trainer, loaders, run, ctx, start_epoch, profile_steps, ckpt, mark)
         all_ranks_here = True
     except PreemptedError as exc:
         all_ranks_here = True
@@ -255,7 +247,7 @@ def _barrier_after_checks() -> None:
         torch.distributed.barrier()
 
 
-def _announce(ctx: RunContext, found: ResumePoint | None, start_epoch: int, trainer: Trainer) -> None:
+def _announce(ctx: RunContext, found: SavedCheckpoint | None, start_epoch: int, trainer: Trainer) -> None:
     if ctx.dist.rank != 0:
         return
     resolved = ctx.resolved  # what ran, "auto" decided (resolved.toml)
@@ -303,23 +295,18 @@ class TimeToGo:
 def _run(
     trainer: Trainer,
     loaders: dict[str, Loader],
-    checkpointer: Checkpointer,
     run: RunDir,
     ctx: RunContext,
     start_epoch: int,
     profile_steps: int,
-    ckpt: RunCheckpoint,
+    ckpt: CheckpointManager,
     mark: StepMark,
 ) -> dict[str, Any]:
-    """fit() with periodic, epoch-end and on-signal checkpoints of `ckpt`'s parts (`mark`:
-    the train loader's part), and the profiler's clock."""
+    """fit() with `ckpt`'s periodic, epoch-end and on-signal checkpoints (`mark`: the train
+    loader's part), and the profiler's clock."""
     recipe, device, dist = ctx.recipe, ctx.device, ctx.dist
     train_loader = loaders["train"]
 
-    def save() -> None:
-        checkpointer.save(ckpt.state_dict(), trainer.optimizer_steps)
-
-    every = recipe.train.ckpt_every_steps
     eta = TimeToGo(
         trainer, recipe.train.epochs * steps_per_epoch(len(train_loader), recipe.train.accum_steps)
     )
@@ -341,13 +328,10 @@ def _run(
             mark.step()
             profiler.step()
             eta.step()
-            if every and t.optimizer_steps % every == 0:
-                save()
+            ckpt.on_step(t.optimizer_steps)
 
         def on_epoch_end(t: Trainer, epoch: int) -> None:
-            save()
-            if t.improved:
-                checkpointer.save_best(best_state(t, ctx, epoch))
+            ckpt.on_epoch_end(t.optimizer_steps, epoch, t.improved)
 
         hooks = TrainerHooks(
             on_step=on_step,
@@ -369,16 +353,15 @@ def _run(
                 raise outage_error_without_save(
                     exc
                 ) from None  # an error: no closing barrier (train/outage.py)
-            # Saved even if on_step just did: a rare, atomic rewrite beats tracking boundaries.
-            mark.stop = exc  # an outage saves the loader as of the last step
-            save()
+            mark.rewind = isinstance(exc, StoreOutage)  # an outage saves as of the last step
+            ckpt.on_stop(trainer.optimizer_steps)
             exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"
             if dist.rank == 0 and exc.signal != "SIGINT":
                 run.mark_preempted(
                     {
                         "signal": exc.signal,
                         "step": trainer.optimizer_steps,
-                        "checkpoint": str(checkpointer.paths()[0]),
+                        "checkpoint": str(ckpt.newest()),
                         **({"reason": str(exc)} if isinstance(exc, StoreOutage) else {}),
                     }
                 )

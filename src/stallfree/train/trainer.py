@@ -21,11 +21,7 @@ from stallfree.errors import StallfreeError
 from stallfree.metrics import Sink, SinkSet, Totals
 from stallfree.parallel import DistInfo
 from stallfree.train.accuracy import evaluate_model
-from stallfree.train.ema import ModelEma
-from stallfree.train.interval import LogWindow, StepTimer
-from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher, WindowMark
-from stallfree.train.mix import Mixer
-from stallfree.train.parts import (
+from stallfree.train.checkpoint.parts import (
     ModelState,
     ScalerState,
     ScheduleState,
@@ -34,6 +30,10 @@ from stallfree.train.parts import (
     load_parts,
     save_parts,
 )
+from stallfree.train.ema import ModelEma
+from stallfree.train.interval import LogWindow, StepTimer
+from stallfree.train.microbatch import OUT_OF_MEMORY, MicroBatcher, WindowMark
+from stallfree.train.mix import Mixer
 from stallfree.train.precision import PrecisionPolicy
 from stallfree.train.progress import progress_bar, say_validation, show_interval
 from stallfree.train.signals import StopVote

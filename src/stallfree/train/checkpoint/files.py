@@ -9,7 +9,6 @@ import re
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
@@ -18,26 +17,18 @@ import torch
 
 from stallfree.errors import StallfreeError
 from stallfree.log import LOGGER
-from stallfree.train.ckpt_format import upgrade
+from stallfree.train.checkpoint.format import upgrade
+from stallfree.train.rundir import CHECKPOINTS  # a run directory's checkpoints/ folder
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 LATEST = "latest"
 BEST = "best.pt"
-CHECKPOINTS_DIR = "checkpoints"
 
 
 class CheckpointError(StallfreeError, RuntimeError):
     """A checkpoint that cannot be read or used; the message names the file."""
 
     hint = "pass a ckpt-<step>.pt or best.pt that `stallfree train` wrote, or its run directory"
-
-
-@dataclass(frozen=True, slots=True)
-class ResumePoint:
-    """The checkpoint a run continues from: its state (at the current format) and its file."""
-
-    state: dict[str, Any]
-    path: Path
 
 
 class Checkpointer:
@@ -107,7 +98,7 @@ def choose_checkpoint(path: str | Path) -> tuple[Path, str]:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
-        folder = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+        folder = path / CHECKPOINTS if (path / CHECKPOINTS).is_dir() else path
         if (folder / BEST).is_file():
             return folder / BEST, "the run's best epoch"
         newest = Checkpointer(folder).paths()
@@ -161,7 +152,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {path} is not a stallfree checkpoint (no 'model' key)")
-    return upgrade(state, path)  # every reader sees the current format (train/ckpt_format.py)
+    return upgrade(state, path)  # every reader sees the current format (format.py)
 
 
 def _unsafe_globals(path: Path) -> list[str]:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from stallfree.errors import StallfreeError
-from stallfree.train.checkpoint import rng_state, set_rng_state
+from stallfree.train.checkpoint.files import rng_state, set_rng_state
 from stallfree.train.distributed import gather_objects
 from stallfree.train.ema import unwrap
+
+if TYPE_CHECKING:  # annotations only: the loader is handed in by the run
+    from stallfree.data.loader import Loader
 
 
 class Stateful(Protocol):
@@ -115,6 +118,31 @@ class RngState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_rng_state(state, self.device)
+
+
+class StepMark:
+    """The train loader's part, as of the last optimizer step once `rewind` is set: an outage
+    met between the fetches of an accumulation window leaves the loader past micro-batches
+    never trained on (the trainer collects a window before its forwards, so nothing else
+    moved); the loader gives them back (`Loader.state_at_last_step`)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.rewind = False  # set by a stop that saves as of the last step (a store outage)
+        loader.mark_step()  # a resume's point, or 0
+
+    def step(self) -> None:
+        """After each optimizer step (the run's on_step hook)."""
+        self.loader.mark_step()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state; after `rewind` is set, as of the last step."""
+        return self.loader.state_at_last_step() if self.rewind else self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume: the loader at the checkpoint's positions, marked as its last step."""
+        self.loader.load_state_dict(state)
+        self.loader.mark_step()
 
 
 @dataclass(frozen=True, slots=True)
