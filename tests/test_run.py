@@ -334,12 +334,12 @@ def test_time_to_go_leaves_start_up_out(
     estimate is the steps', not the start-up's spread over them, in a unit that reads."""
     from types import SimpleNamespace
 
-    from stallfree.train import run as run_module
+    from stallfree.train import progress
 
     now = [40.0]
-    monkeypatch.setattr(run_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
     trainer = SimpleNamespace(optimizer_steps=0, dist=SimpleNamespace(rank=0))
-    eta = run_module.TimeToGo(trainer, total_steps=71)
+    eta = progress.TimeToGo(trainer, total_steps=71)
     now[0], trainer.optimizer_steps = 100.0, 1
     eta.step()  # step 1 ends 60 s after the start: the clock starts here
     caplog.set_level("INFO", logger="stallfree")

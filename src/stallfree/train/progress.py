@@ -3,12 +3,16 @@ there is no bar (a batch job's log), and one per validation."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from stallfree.log import LOGGER
 from stallfree.metrics import interval_line
+
+if TYPE_CHECKING:  # the trainer imports this module
+    from stallfree.train.trainer import Trainer
 
 
 def progress_bar(epoch: int, total: int, initial: int, enabled: bool) -> tqdm:
@@ -56,3 +60,34 @@ def time_to_go(seconds: float) -> str:
     if seconds < 3600:
         return f"about {seconds / 60:.1f} min"
     return f"about {seconds / 3600:.1f} h"
+
+
+class TimeToGo:
+    """Prints once, after the first steps, how long the rest of the run should take."""
+
+    AFTER_STEPS = 10
+
+    def __init__(self, trainer: Trainer, total_steps: int) -> None:
+        self.trainer, self.total_steps = trainer, total_steps
+        self.first_step: int | None = None
+        self.started = 0.0
+        self.done = trainer.dist.rank != 0
+
+    def step(self) -> None:
+        if self.done:
+            return
+        if self.first_step is None:
+            # The clock starts after the first step: worker and pipeline start-up (seconds
+            # for a loader's graph with a policy) is paid once, not by every step to go.
+            self.first_step, self.started = self.trainer.optimizer_steps, time.perf_counter()
+            return
+        steps = self.trainer.optimizer_steps - self.first_step
+        if steps < min(self.AFTER_STEPS, self.total_steps - self.first_step):
+            return
+        self.done = True
+        per_step = (time.perf_counter() - self.started) / max(1, steps)
+        left = (self.total_steps - self.trainer.optimizer_steps) * per_step
+        LOGGER.info(
+            f"{time_to_go(left)} to go ({self.total_steps} steps in "
+            f"all at {per_step:.2f} s each; validation not included)"
+        )

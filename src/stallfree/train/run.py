@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -37,7 +38,7 @@ from stallfree.train.outage import (
 )
 from stallfree.train.prepare import RunContext, prepare_recipe
 from stallfree.train.profile import StepProfiler
-from stallfree.train.progress import time_to_go
+from stallfree.train.progress import TimeToGo
 from stallfree.train.resume import check_compatible, check_same_data, data_record, find_resume
 from stallfree.train.rundir import RunDir
 from stallfree.train.signals import StopSignal
@@ -117,7 +118,7 @@ def train(
         # requeue loop to go round again.
         run.clear_preempted()
     ctx = prepare_recipe(recipe, dist)
-    recipe, device = ctx.recipe, ctx.device
+    recipe = ctx.recipe
     if run is None:  # named once "auto" is decided: the folder says which backend ran
         run = RunDir(f"runs/{name}-{ctx.resolved.backend}-{time.strftime('%Y%m%d-%H%M%S')}")
     run.check_writable()
@@ -141,8 +142,28 @@ def train(
     if found is not None:
         check_same_data(found, data, ctx.dataset, force)
     seed_everything(recipe.train.seed, dist.rank)
-    init_distributed(dist, device)
+    init_distributed(dist, ctx.device)
     check_ranks_agree(ctx.dataset, data, dist.rank, dist.world_size)  # nodes list on their own
+    begun = _Begun(run=run, ctx=ctx, checkpointer=checkpointer, found=found, data=data, clock=clock)
+    return _train_in_group(begun, progress=progress, profile_steps=profile_steps)
+
+
+@dataclass(kw_only=True, slots=True)
+class _Begun:
+    """What a run's checks have settled before its loaders and trainer are built."""
+
+    run: RunDir
+    ctx: RunContext
+    checkpointer: Checkpointer
+    found: SavedCheckpoint | None
+    data: dict[str, Any]
+    clock: SegmentClock
+
+
+def _train_in_group(begun: _Begun, *, progress: bool, profile_steps: int) -> dict[str, Any]:
+    """Loaders, trainer and checkpoints built, the run trained, and its summary written; every
+    rank leaves the group where all of them arrive (a finished or an agreed-preempted run)."""
+    run, ctx, found, dist = begun.run, begun.ctx, begun.found, begun.ctx.dist
     loaders: dict[str, Loader] = {}
     sinks = SinkSet()
     all_ranks_here = False  # a finished or agreed-preempted run: safe to leave the group
@@ -151,27 +172,19 @@ def train(
             loaders[split] = ctx.loader(split)
         _check_batches(loaders["train"], ctx)
         trainer = build_trainer(ctx, train_batches=len(loaders["train"]), sinks=sinks, progress=progress)
-        if recipe.train.micro_batch == "auto" and dist.world_size > 1:
-            trainer.micro.size = _probe_micro_batch(trainer, recipe, device)
+        if ctx.recipe.train.micro_batch == "auto" and dist.world_size > 1:
+            trainer.micro.size = _probe_micro_batch(trainer, ctx.recipe, ctx.device)
             # resolved.toml and the checkpoints say the size found (a resume probes again).
             ctx = ctx.with_resolved(micro_batch=trainer.micro.size)
         # The last step's loader positions (an outage gives back the rest).
         mark = StepMark(loaders["train"])
-        ckpt = CheckpointManager.for_run(checkpointer, trainer, mark, clock, ctx, data)
+        ckpt = CheckpointManager.for_run(begun.checkpointer, trainer, mark, begun.clock, ctx, begun.data)
         if found is not None:
             ckpt.load(found)
         start_epoch = loaders["train"].epoch  # the loader keeps the epoch (a resume's, or 0)
         _barrier_after_checks()
         if dist.rank == 0:
-            records = found.metrics_records if found else 0
-            run.start(dump_toml(recipe), ctx.resolved.to_toml(), records)
-            params = {**recipe.to_dict(), "resolved": ctx.resolved.to_dict()}
-            sinks.open(run.path, tuple(recipe.train.trackers), _flat(params))
-            if ctx.autotune:  # what workers/threads = "auto" measured and chose
-                write_json_atomic(run.path / "autotune.json", ctx.autotune)
-            if recipe.data.val_fraction and ctx.dataset is not None:  # which train files val holds
-                held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
-                (run.path / "val_holdout.txt").write_text(held)
+            _write_start(run, ctx, found, sinks)
         _announce(ctx, found, start_epoch, trainer)
         summary = _run(trainer, loaders, run, ctx, start_epoch, profile_steps, ckpt, mark)
         all_ranks_here = True
@@ -192,15 +205,29 @@ def train(
         if all_ranks_here:
             shutdown()
     summary.update(
-        wall_s=clock.wall_s(),
-        segments=clock.earlier + 1,
-        checkpoint_save_s=checkpointer.last_save_s,
+        wall_s=begun.clock.wall_s(),
+        segments=begun.clock.earlier + 1,
+        checkpoint_save_s=begun.checkpointer.last_save_s,
         run_dir=str(run.path),
         **ctx.facts(),
     )
     if dist.rank == 0:
         write_json_atomic(run.path / "summary.json", summary)
     return summary
+
+
+def _write_start(run: RunDir, ctx: RunContext, found: SavedCheckpoint | None, sinks: SinkSet) -> None:
+    """Rank 0's files of a run's start: recipe.toml, resolved.toml, the sinks, autotune.json
+    and val_holdout.txt."""
+    recipe = ctx.recipe
+    run.start(dump_toml(recipe), ctx.resolved.to_toml(), found.metrics_records if found else 0)
+    params = {**recipe.to_dict(), "resolved": ctx.resolved.to_dict()}
+    sinks.open(run.path, tuple(recipe.train.trackers), _flat(params))
+    if ctx.autotune:  # what workers/threads = "auto" measured and chose
+        write_json_atomic(run.path / "autotune.json", ctx.autotune)
+    if recipe.data.val_fraction and ctx.dataset is not None:  # which train files val holds
+        held = held_out_record(ctx.dataset, recipe.data.val_fraction, recipe.train.seed)
+        (run.path / "val_holdout.txt").write_text(held)
 
 
 def _probe_micro_batch(trainer: Trainer, recipe: Recipe, device: torch.device) -> int:
@@ -261,37 +288,6 @@ def _announce(ctx: RunContext, found: SavedCheckpoint | None, start_epoch: int, 
         LOGGER.info(f"resumed from {found.path} at epoch {start_epoch}, step {trainer.optimizer_steps}")
 
 
-class TimeToGo:
-    """Prints once, after the first steps, how long the rest of the run should take."""
-
-    AFTER_STEPS = 10
-
-    def __init__(self, trainer: Trainer, total_steps: int) -> None:
-        self.trainer, self.total_steps = trainer, total_steps
-        self.first_step: int | None = None
-        self.started = 0.0
-        self.done = trainer.dist.rank != 0
-
-    def step(self) -> None:
-        if self.done:
-            return
-        if self.first_step is None:
-            # The clock starts after the first step: worker and pipeline start-up (seconds
-            # for a loader's graph with a policy) is paid once, not by every step to go.
-            self.first_step, self.started = self.trainer.optimizer_steps, time.perf_counter()
-            return
-        steps = self.trainer.optimizer_steps - self.first_step
-        if steps < min(self.AFTER_STEPS, self.total_steps - self.first_step):
-            return
-        self.done = True
-        per_step = (time.perf_counter() - self.started) / max(1, steps)
-        left = (self.total_steps - self.trainer.optimizer_steps) * per_step
-        LOGGER.info(
-            f"{time_to_go(left)} to go ({self.total_steps} steps in "
-            f"all at {per_step:.2f} s each; validation not included)"
-        )
-
-
 def _run(
     trainer: Trainer,
     loaders: dict[str, Loader],
@@ -310,15 +306,7 @@ def _run(
     eta = TimeToGo(
         trainer, recipe.train.epochs * steps_per_epoch(len(train_loader), recipe.train.accum_steps)
     )
-    extras = []
-    monitor = GpuMonitor.maybe(device)
-    if monitor is not None:
-        extras.append(monitor.sample)
-    if recipe.data.on_error == "skip":
-        extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
-    retries = retries_record(recipe.data.root, device)
-    if retries is not None:
-        extras.append(retries)
+    extras = _record_extras(ctx, train_loader)
     with (
         StepProfiler(run.path / "profile", profile_steps, device, dist.rank) as profiler,
         StopSignal() as stop,
@@ -349,20 +337,47 @@ def _run(
                     hooks=hooks,
                 )
         except PreemptedError as exc:
-            if not can_save(exc, dist.world_size):
-                raise outage_error_without_save(
-                    exc
-                ) from None  # an error: no closing barrier (train/outage.py)
-            mark.rewind = isinstance(exc, StoreOutage)  # an outage saves as of the last step
-            ckpt.on_stop(trainer.optimizer_steps)
-            exc.signal = exc.signal if isinstance(exc, StoreOutage) else stop.requested or "SIGTERM"
-            if dist.rank == 0 and exc.signal != "SIGINT":
-                run.mark_preempted(
-                    {
-                        "signal": exc.signal,
-                        "step": trainer.optimizer_steps,
-                        "checkpoint": str(ckpt.newest()),
-                        **({"reason": str(exc)} if isinstance(exc, StoreOutage) else {}),
-                    }
-                )
+            _save_on_stop(exc, stop.requested, trainer, run, ckpt, mark)
             raise
+
+
+def _record_extras(ctx: RunContext, train_loader: Loader) -> list[Callable[[], dict[str, Any]]]:
+    """What each log record adds beside the step's figures: GPU use, skipped samples, store
+    retries."""
+    recipe, device = ctx.recipe, ctx.device
+    extras: list[Callable[[], dict[str, Any]]] = []
+    monitor = GpuMonitor.maybe(device)
+    if monitor is not None:
+        extras.append(monitor.sample)
+    if recipe.data.on_error == "skip":
+        extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
+    retries = retries_record(recipe.data.root, device)
+    if retries is not None:
+        extras.append(retries)
+    return extras
+
+
+def _save_on_stop(
+    exc: PreemptedError,
+    requested: str | None,
+    trainer: Trainer,
+    run: RunDir,
+    ckpt: CheckpointManager,
+    mark: StepMark,
+) -> None:
+    """A stop's checkpoint and the preempted marker a requeue loop reads (`requested`: the
+    signal that asked for it)."""
+    if not can_save(exc, trainer.dist.world_size):
+        raise outage_error_without_save(exc) from None  # an error: no closing barrier (train/outage.py)
+    mark.rewind = isinstance(exc, StoreOutage)  # an outage saves as of the last step
+    ckpt.on_stop(trainer.optimizer_steps)
+    exc.signal = exc.signal if isinstance(exc, StoreOutage) else requested or "SIGTERM"
+    if trainer.dist.rank == 0 and exc.signal != "SIGINT":
+        run.mark_preempted(
+            {
+                "signal": exc.signal,
+                "step": trainer.optimizer_steps,
+                "checkpoint": str(ckpt.newest()),
+                **({"reason": str(exc)} if isinstance(exc, StoreOutage) else {}),
+            }
+        )
