@@ -15,6 +15,12 @@ from stallfree.cli import main
 from stallfree.data.readers.imageio import BadImageError
 
 
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_clean_list_vouches_only_for_the_root_it_was_written_for(

@@ -14,6 +14,12 @@ from test_tar_integrity import _pack
 from stallfree.cli import main
 
 
+@pytest.fixture()
+def packed(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path / "cache"))  # no check remembered
+    return _pack(image_root, tmp_path / "packed")
+
+
 @pytest.mark.e2e
 def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 0

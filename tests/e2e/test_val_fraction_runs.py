@@ -3,6 +3,7 @@ for validation, recorded in the run; without the key such a root is refused, nam
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,13 @@ from helpers import small_recipe
 
 from stallfree.data.readers.folders import resolve_dataset
 from stallfree.recipe import load_recipe
+
+
+@pytest.fixture
+def train_only(image_root: Path, tmp_path: Path) -> Path:
+    """The demo data's train/ alone (10 classes x 6 images), no val/."""
+    shutil.copytree(image_root / "train", tmp_path / "data" / "train")
+    return tmp_path / "data"
 
 
 @pytest.mark.slow  # a (tiny) training run: ~11 s on 2 cores
