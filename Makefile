@@ -53,7 +53,7 @@ TEST_WORKERS ?= auto
 test: $(STAMP) tests/.node/node_modules/.bin/azurite-blob
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
-# What tests/test_style.py checks, alone and in seconds (.pre-commit-config.yaml runs the same).
+# What tests/e2e/test_style_runs.py checks, alone and in seconds (.pre-commit-config.yaml runs the same).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_nodes.py as the second node's rank: waits until the first
+"""Run under torchrun by tests/e2e/test_nodes_runs.py as the second node's rank: waits until the first
 node has listed the store (its listing cache is written), adds one object, then runs
 `stallfree train ARGS`; so the two nodes list the prefix before and after the object came.
 

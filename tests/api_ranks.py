@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_api_examples.py: each rank joins a gloo group, then writes
+"""Run under torchrun by tests/e2e/test_api_examples.py: each rank joins a gloo group, then writes
 the labels of every batch `stallfree.loader` gives it (ranks from the group), per backend."""
 
 from __future__ import annotations

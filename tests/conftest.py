@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import _posixsubprocess
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -15,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 import zygote
+from pillow_corpus import pillow_images  # noqa: F401 - Pillow's test images, for two modules
 
 from stallfree.data.tools.demo import write_demo
-from stallfree.train.rundir import RunDir
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 # Start-up check results, packed peer shards and the like go to a cache of the test session
@@ -34,54 +32,36 @@ if _WORKERS > 1:
     # The same count for the runs tests start as subprocesses: a run compared bitwise with one
     # made in this process must sum its convolutions over the same number of threads.
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-# matplotlib's first import on a machine without its font cache runs `fc-list`, a process the
-# e2e guard below would refuse in a unit test. The session gets a cache folder of its own, built
-# here, once, in the process that starts the workers (they inherit it, built): no test then
-# depends on what this machine has cached, or starts a process for it.
+# matplotlib's font cache goes to a folder of the session's (its workers inherit it): no test
+# depends on what this machine has cached.
 _BUILT = os.environ.get("_STALLFREE_TEST_MPL")
-if (_BUILT is None or _BUILT != os.environ.get("MPLCONFIGDIR")) and importlib.util.find_spec("matplotlib"):
+if _BUILT is None or _BUILT != os.environ.get("MPLCONFIGDIR"):
     _MPL = tempfile.TemporaryDirectory(prefix="stallfree-test-mpl-")
     os.environ["MPLCONFIGDIR"] = os.environ["_STALLFREE_TEST_MPL"] = _MPL.name
-    import matplotlib.font_manager  # noqa: F401
+
+# The folder says what a test is: one under tests/e2e is end to end (it starts a process, trains a
+# run or uses a server) and carries the `e2e` marker, so `-m "not e2e"` is tests/unit. A test under
+# tests/unit that uses a server fixture (`*_server`) or is marked `slow` or `e2e` is refused here.
+_E2E = Path(__file__).parent / "e2e"
 
 
-# A test that starts a process, trains a run (writes a run directory) or uses a server fixture
-# (`*_server`) is end to end: marked `e2e` here or by its author, and refused those otherwise, so
-# that `pytest -m "not e2e"` is by construction the unit suite. A test marked `slow` is `e2e` too.
-# The ways in: subprocess, multiprocessing's spawn and forkserver, os.system; a run's start. A
-# bare fork (a DataLoader's workers) starts no new program and stays allowed.
-_E2E_ONLY = (
-    (subprocess.Popen, "_execute_child"),
-    (_posixsubprocess, "fork_exec"),
-    (os, "system"),
-    (RunDir, "start"),
-)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    if item.get_closest_marker("e2e"):
-        yield
-        return
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        pytest.fail(f"{item.nodeid} starts a process or a run: mark it @pytest.mark.e2e", pytrace=False)
-
-    saved = [getattr(owner, name) for owner, name in _E2E_ONLY]
-    for owner, name in _E2E_ONLY:
-        setattr(owner, name, refuse)
-    try:
-        yield
-    finally:
-        for (owner, name), fn in zip(_E2E_ONLY, saved):
-            setattr(owner, name, fn)
+def _misplaced(item: pytest.Item) -> bool:
+    """A test outside tests/e2e that is end to end by its marks or fixtures."""
+    if _E2E in item.path.parents:
+        return False
+    marked = item.get_closest_marker("slow") or item.get_closest_marker("e2e")
+    return marked is not None or any(name.endswith("_server") for name in getattr(item, "fixturenames", ()))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     skip_dali = pytest.mark.skip(reason="needs nvidia-dali (pip install -e '.[dali]')")
+    misplaced = [item.nodeid for item in items if _misplaced(item)]
+    if misplaced:
+        names = ", ".join(misplaced)
+        raise pytest.UsageError(f"{names} uses a server or is marked slow or e2e: move it to tests/e2e")
     for item in items:
-        if "slow" in item.keywords or any(name.endswith("_server") for name in item.fixturenames):
+        if _E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
@@ -96,7 +76,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtestloop(session: pytest.Session) -> None:
     """Where this process will run end-to-end tests, start the fork server that their Python
     processes come from (zygote.py): each then starts in a fraction of a second, not ~5 s."""
-    if any(item.get_closest_marker("e2e") for item in session.items) and zygote.ZYGOTE_ENV not in os.environ:
+    if session.config.option.collectonly or zygote.ZYGOTE_ENV in os.environ:
+        return
+    if any(item.get_closest_marker("e2e") for item in session.items):
         _ZYGOTE.append(zygote.start(Path(_CACHE.name)))
 
 

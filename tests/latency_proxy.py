@@ -6,7 +6,7 @@ D ms before it is forwarded; the rest of a request (a PUT's body) and every answ
 HTTP/1.1 without pipelining (botocore's way) has one request in flight per connection, so this is
 D ms added to every request, as many at a time as the client has connections open.
 
-Used by tests/test_latency_proxy.py (in a thread) and benchmarks/s3_latency.py (as a process of
+Used by tests/e2e/test_latency_proxy.py (in a thread) and benchmarks/s3_latency.py (as a process of
 its own, so that its event loop does not take the measured process's GIL):
 
     python tests/latency_proxy.py --upstream http://127.0.0.1:8333 --delay-ms 10

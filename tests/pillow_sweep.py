@@ -1,4 +1,4 @@
-"""Worker of tests/test_pillow_corpus.py: each file through the header check, the torch
+"""Worker of tests/e2e/test_pillow_corpus.py: each file through the header check, the torch
 loader's decode and DALI's two CPU decoders. Run as `python pillow_sweep.py LIST`; prints
 `START <path>` before each native decode, so a crash of this process names its file, and one
 `RESULT <json>` line per file."""

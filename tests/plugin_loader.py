@@ -1,4 +1,4 @@
-"""A loader plug-in with keys of its own, written as a user would (tests/test_loaders.py)."""
+"""A loader plug-in with keys of its own, written as a user would (tests/unit/test_loaders.py)."""
 
 from __future__ import annotations
 

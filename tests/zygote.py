@@ -30,6 +30,7 @@ import subprocess
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 PRELOAD = (
@@ -46,6 +47,9 @@ PRELOAD = (
 )
 
 
+# A fresh interpreter's warning filters: this server starts without -W or PYTHONWARNINGS (see
+# start), and what the preloaded modules add (sympy's, torch's) must not reach a child.
+_FILTERS = list(warnings.filters)
 _THREADS = {"default": 1}  # torch's intra-op thread count where OMP_NUM_THREADS is not set
 
 
@@ -110,42 +114,64 @@ def _python_path(env: dict[str, str], base: list[str], first: str) -> list[str]:
 
 def _run(argv: list[str], base: list[str]) -> None:
     """Run `python ARGV` in this (forked) process, as a fresh interpreter would."""
-    args, options = list(argv), []
+    args, cli = list(argv), []
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     while args and args[0] in ("-u", "-W") or (args and args[0].startswith("-W")):
         flag = args.pop(0)
         if flag == "-u":
             unbuffered = True
         else:
-            options.append(flag[2:] or args.pop(0))
+            cli.append(flag[2:] or args.pop(0))
     # An option this server does not mimic, or a path that may shadow a module imported here
     # (a test's stub that hides one): the real interpreter.
     if (
         _shadows_a_loaded_module(os.environ)
         or not args
         or (args[0].startswith("-") and args[0] not in ("-m", "-c"))
+        or (not args[0].startswith("-") and not os.path.isfile(args[0]))  # a folder or zip to run
     ):
         os.execv(sys.executable, [sys.executable, *argv])
     if unbuffered:
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(write_through=True)  # type: ignore[union-attr]
-    options += [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
-    warnings._processoptions(options)  # type: ignore[attr-defined]  # noqa: SLF001 - what -W does
+    # As the interpreter orders them: PYTHONWARNINGS, then -W, the last added checked first.
+    sys.warnoptions[:] = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w] + cli
+    warnings.filters[:] = _FILTERS
+    warnings._filters_mutated()  # type: ignore[attr-defined]  # noqa: SLF001 - filters replaced
+    warnings._processoptions(sys.warnoptions)  # type: ignore[attr-defined]  # noqa: SLF001 - what -W does
+    sys.excepthook = _without_this_server()
     importlib.invalidate_caches()
+    # A new __main__ (-m runs in the current one's globals, which are this server's).
+    main = sys.modules["__main__"] = types.ModuleType("__main__")
     if args[0] == "-m":
         sys.argv = ["-m", *args[2:]]
         sys.path[:] = _python_path(os.environ, base, os.getcwd())
         runpy._run_module_as_main(args[1])  # type: ignore[attr-defined]  # noqa: SLF001 - what -m does
-    elif args[0] == "-c":
+        return
+    if args[0] == "-c":
         sys.argv = ["-c", *args[2:]]
         sys.path[:] = _python_path(os.environ, base, "")
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
-        exec(compile(args[1], "<string>", "exec"), main.__dict__)
-    else:
+        code = compile(args[1], "<string>", "exec")
+    else:  # a script: argv[0] as given, __file__ absolute, as the interpreter has them
         sys.argv = args
         sys.path[:] = _python_path(os.environ, base, os.path.dirname(os.path.realpath(args[0])))
-        runpy.run_path(args[0], run_name="__main__")
+        main.__file__ = os.path.abspath(args[0])
+        with open(main.__file__, "rb") as source:
+            code = compile(source.read(), main.__file__, "exec")
+    exec(code, main.__dict__)
+
+
+def _without_this_server() -> Callable[..., None]:
+    """The default excepthook, less the frames of this server above the program's own: an
+    uncaught exception's traceback reads as the interpreter's."""
+    ours = __file__  # now: a -m program's globals may be this module's
+
+    def hook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+        while tb is not None and tb.tb_frame.f_code.co_filename == ours:
+            tb = tb.tb_next
+        sys.__excepthook__(kind, value.with_traceback(tb), tb)  # printed from value.__traceback__
+
+    return hook
 
 
 def _start_child(request: dict, fds: list[int], closing: list[socket.socket], base: list[str]) -> int:
@@ -176,7 +202,8 @@ def _start_child(request: dict, fds: list[int], closing: list[socket.socket], ba
 def serve(path: str) -> None:
     _preload()
     gc.freeze()  # children's collections leave the preloaded objects (and their pages) alone
-    base = sys.path[1:]  # without this file's folder
+    # Without this file's folder, and without PYTHONPATH's entries: a child's come from its own.
+    base = [p for p in sys.path[1:] if p not in _entries(_SERVER_ENV)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -250,6 +277,7 @@ def start(folder: Path) -> subprocess.Popen:
         server = subprocess.Popen(
             [sys.executable, __file__, path],
             stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},  # see _FILTERS
             stdout=log,
             stderr=log,
             start_new_session=True,  # a test's signal to its own group never reaches the server

@@ -1,6 +1,6 @@
 """stallfree: train PyTorch image classifiers without data stalls.
 
-The public API is what `__all__` lists (tests/test_api.py holds it to its names and signatures);
+The public API is what `__all__` lists (tests/unit/test_api.py holds it to its names and signatures);
 everything else is internal. Every error a user can cause is a `StallfreeError`, one line that
 names the file, key or value and the fix. `import stallfree` does not import torch: `Loader` and
 `Batch` load it when first named, `loader()` when called.

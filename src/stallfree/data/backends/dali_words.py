@@ -1,7 +1,7 @@
 """The one place DALI's errors are told apart by their words. DALI raises RuntimeError for
 everything (a library missing from its tree, an allocation, a file it cannot decode) and its
 decoders write the real cause to stderr, so there is no type to go by. Each rule here is pinned
-by tests/test_dali_words.py to the words of the installed DALI 2.x, nvImageCodec and torch.
+by tests/unit/test_dali_words.py to the words of the installed DALI 2.x, nvImageCodec and torch.
 Imports no DALI: the torch backend's callers read these too.
 """
 

@@ -1,6 +1,6 @@
 """The DALI-compatibility rules: which image formats and pixel modes decode alike in DALI's CPU
 decoder (nvImageCodec, the reference) and in PIL, measured file kind by file kind (Pillow's own
-test images, tests/test_decode.py). `unshared_mode` says, from an opened header, why a file
+test images, tests/unit/test_decode.py). `unshared_mode` says, from an opened header, why a file
 would decode differently or not at all in DALI; `imageio` refuses such a file up front.
 """
 

@@ -1,6 +1,6 @@
 """The header check's fast path: a JPEG's first 4 KiB, walked as PIL walks them (~10 us a
 file, PIL ~250 us). It says "passes `imageio.check_header` for certain" or "ask PIL", never
-"refused": every refusal and its reason stay PIL's and the rules' (tests/test_fast_headers.py
+"refused": every refusal and its reason stay PIL's and the rules' (tests/unit/test_fast_headers.py
 holds it on the odd, crafted and Pillow test images). JPEG only: the check of a PNG reads its
 EXIF, which PIL finds by decoding the whole image (an eXIf chunk may follow the pixels), so a
 truncated PNG is refused at start, a verdict no header walk can give.

@@ -2,7 +2,7 @@
 
 Both backends must accept the same files and produce the same pixels. NVIDIA DALI's CPU decoder
 (nvImageCodec) is the reference: only the formats and pixel modes that decode to the same RGB in
-DALI and in PIL are accepted (tests/test_decode.py; rule by rule: `readers/compat.py`). Anything
+DALI and in PIL are accepted (tests/unit/test_decode.py; rule by rule: `readers/compat.py`). Anything
 else is refused from the header alone with a `BadImageError` naming the file and the reason,
 rather than crashing a DALI pipeline mid-epoch or training on wrong pixels.
 """

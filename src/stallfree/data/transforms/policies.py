@@ -4,7 +4,7 @@ The DALI backend runs `nvidia.dali.auto_aug`'s suites in its graph; this module 
 suites for the torch backend's workers: the same operations, magnitude ranges, bins, random
 signs and fill, applied to the uint8 crop after the flip and before normalising and random
 erasing (torchvision's and timm's order). Both loaders apply the operations `draw_ops` drew from
-the sample's seed (`draws.draw_train`): they agree to about a grey level (tests/test_autoaug.py).
+the sample's seed (`draws.draw_train`): they agree to about a grey level (tests/unit/test_autoaug.py).
 """
 
 from __future__ import annotations
