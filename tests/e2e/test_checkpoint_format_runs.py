@@ -12,7 +12,7 @@ from test_checkpoint_format import FORMAT_1, FORMAT_5, _fixture_recipe
 
 import stallfree.data.autotune as autotune
 from stallfree.recipe import dump_toml
-from stallfree.train.ckpt_format import FORMAT
+from stallfree.train.checkpoint.format import FORMAT
 from stallfree.train.run import train
 
 
