@@ -45,6 +45,9 @@ def main() -> None:
     sock = _connect(path) if path and here else None
     if sock is None:
         os.execv(real, [real, *args])
+    # Held until the child's pid is known and `forward` installed: the child may print (and its
+    # test signal this client) before then, and a signal this client handled itself would end it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     body = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(sock, [b"%08d" % len(body)], [0, 1, 2])
     sock.sendall(body)
@@ -59,6 +62,7 @@ def main() -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     line = replies.readline()
     if not line:
         sys.stderr.write("zygote_client: the fork server went away\n")

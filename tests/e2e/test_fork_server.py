@@ -79,7 +79,12 @@ def _interrupted(python: str, cwd: Path) -> tuple[int, str]:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # stdin stays open until it has ended: closed, the read would return first whenever the
+    # forwarded signal is late, and the run end on its own.
+    proc.wait(timeout=60)
+    assert proc.stderr is not None and proc.stdin is not None
+    err = proc.stderr.read()
+    proc.stdin.close()
     return proc.returncode, err.splitlines()[-1]
 
 

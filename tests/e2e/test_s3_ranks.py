@@ -128,7 +128,8 @@ def test_a_store_that_stays_down_ends_both_ranks(
             monkeypatch.setenv(key, value)
         url = upload_tree(server.client(), image_root, "down", "data")
         run = tmp_path / "run"
-        proc = _launch(_recipe(url), run)
+        # Epochs to spare: on a busy machine 2 epochs could end before this test saw its records.
+        proc = _launch(_recipe(url, epochs=50), run)
         _wait_for_records(proc, run, records=2)
         server.kill()
         code, err = _finish(proc, timeout=120)  # a rank left waiting would fail the test here
