@@ -68,19 +68,43 @@ def _free_port(taken: set[int]) -> int:
             return port
 
 
+class PortTakenError(RuntimeError):
+    """weed exited on a port another process bound between its choice and weed's start."""
+
+
 class Server:
     """One `weed server -s3` process on loopback; `kill()` and `start()` again keep its data."""
 
     def __init__(self, weed: str, data_dir: Path) -> None:
         self.weed, self.dir = weed, data_dir
+        self._pick_ports()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.answered = False  # once it has, a restart keeps its ports: its clients know them
+
+    def _pick_ports(self) -> None:
         taken: set[int] = set()
         self.ports = {name: _free_port(taken) for name in ("s3", "master", "volume", "filer")}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
-        """Start the server and wait until it answers S3 requests."""
+        """Start the server and wait until it answers S3 requests. A first start whose port
+        another process took meanwhile (a server of another worker, starting at the same
+        time) goes again on other ports."""
+        for _ in range(3):
+            try:
+                self._start_once(timeout)
+                self.answered = True
+                return
+            except PortTakenError:
+                if self.answered:
+                    raise
+                self._pick_ports()
+        raise PortTakenError(f"weed found a port taken 3 times; see {self.dir / 'weed.log'}")
+
+    def _start_once(self, timeout: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.dir / "weed.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0
         cmd = [
             self.weed, "server", f"-dir={self.dir}", "-s3", f"-s3.port={self.ports['s3']}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={self.ports['master']}",
@@ -92,7 +116,7 @@ class Server:
             # A restarted master waits its raft election timeout (10 s) to lead again: 1 s.
             "-master.electionTimeout=1s",
         ]  # fmt: skip
-        log = open(self.dir / "weed.log", "ab")  # noqa: SIM115 (the child holds it)
+        log = open(log_path, "ab")  # noqa: SIM115 (the child holds it)
         # Its own session, no inherited fds: a $(...) caller would otherwise wait on our pipes.
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
@@ -101,7 +125,11 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.dir / 'weed.log'}")
+                with log_path.open("rb") as said:
+                    said.seek(logged)
+                    if b"address already in use" in said.read():
+                        raise PortTakenError(f"a port of {self.ports} was taken")
+                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {log_path}")
             try:
                 self.client().list_buckets()
                 return
