@@ -135,7 +135,7 @@ def test_a_store_that_stays_down_ends_both_ranks(
         code, err = _finish(proc, timeout=120)  # a rank left waiting would fail the test here
     finally:
         server.kill()
-    assert code != 0
+    assert code != 0, err[-3000:]
     # Every rank's error line (not a warning quoting the client). A rank whose peer ended first
     # may meet it in a collective: its line names that rank and its error.
     errors = [line for line in err.splitlines() if re.search(r"stallfree: (\[rank \d+\] )?error: ", line)]
