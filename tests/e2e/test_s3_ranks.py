@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -132,6 +133,9 @@ def test_a_store_that_stays_down_ends_both_ranks(
         proc = _launch(_recipe(url, epochs=50), run)
         _wait_for_records(proc, run, records=2)
         server.kill()
+        assert server.proc is not None and server.proc.wait(timeout=30) is not None
+        with socket.socket() as probe:  # gone, not answering from another process's start
+            assert probe.connect_ex(("127.0.0.1", server.ports["s3"])) != 0, server.ports
         code, err = _finish(proc, timeout=120)  # a rank left waiting would fail the test here
     finally:
         server.kill()
