@@ -3,7 +3,6 @@ files, and what both loaders do with a file the cache could not know about."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
@@ -12,21 +11,12 @@ import pytest
 import torch
 from helpers import build_loader, small_recipe
 from PIL import Image
+from test_loaders import _bomb_jpeg as _bomb  # a ~1 KB JPEG that says 30000 x 30000
 
 from stallfree.data.readers.imageio import BadImageError
 
 CPU = torch.device("cpu")
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
-
-
-def _bomb() -> bytes:
-    """A ~1 KB JPEG whose frame header says 30000 x 30000 (900 megapixels)."""
-    buffer = io.BytesIO()
-    Image.new("RGB", (16, 16), (90, 20, 20)).save(buffer, "JPEG")
-    data = bytearray(buffer.getvalue())
-    sof = data.index(b"\xff\xc0")
-    data[sof + 5 : sof + 9] = (30000).to_bytes(2, "big") * 2  # height, width
-    return bytes(data)
 
 
 def _root(root: Path, per_class: int = 4) -> Path:
