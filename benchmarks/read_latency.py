@@ -1,4 +1,4 @@
-"""Loader throughput with a per-read latency injected into `read_bytes` (issue 27, item 3).
+"""Loader throughput with a per-read latency injected into `read_bytes`.
 
 A network filesystem answers a read in ~2 ms, an object store in ~20: this sleeps that long in
 every `read_bytes` call (the one function every stallfree read of a file's bytes goes through),

@@ -1,4 +1,4 @@
-"""Loader throughput from a real object store at 0, 10 and 50 ms a request (issue 27, items 7-8).
+"""Loader throughput from a real object store at 0, 10 and 50 ms a request.
 
 Writes the demo data (`write_demo`: 24 train images a class, 240 JPEGs), uploads it to a local
 SeaweedFS (tests/s3_server.py), puts a latency proxy (tests/latency_proxy.py, a process of its

@@ -1,4 +1,4 @@
-"""Listing time of an ImageFolder-shaped s3:// prefix of N object names (issue 27, item 5).
+"""Listing time of an ImageFolder-shaped s3:// prefix of N object names.
 
 Starts a SeaweedFS server (`weed`, the test extra) in a temp folder, in its own session and
 with no inherited pipes, creates CLASSES x PER_CLASS empty objects under

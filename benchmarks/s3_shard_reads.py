@@ -1,4 +1,4 @@
-"""Remote shards: one ranged GET per member vs whole shards streamed into a bounded cache (issue 27).
+"""Remote shards: one ranged GET per member vs whole shards streamed into a bounded cache.
 
 stallfree reads a sample of an s3:// shard with one ranged GET of its member (data/readers/
 headers.py), in the seeded global permutation, `loader.io_depth` reads in flight. The other way

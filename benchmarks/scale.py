@@ -1,4 +1,4 @@
-"""Listing memory, listing time and time to the first batch for N samples (issue: scale).
+"""Listing memory, listing time and time to the first batch for N samples.
 
 Builds an ImageFolder of N files cheaply (hard links to a few hundred small JPEGs, each linked
 at most 65,000 times: an inode's limit), then in a fresh process per measurement:

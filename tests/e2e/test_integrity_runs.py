@@ -1,4 +1,4 @@
-"""Defects a new-user audit found (issue: integrity, round 2), each with the behaviour it checks."""
+"""Defects a new-user audit found, each with the behaviour it checks."""
 
 from __future__ import annotations
 

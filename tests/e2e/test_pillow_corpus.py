@@ -1,9 +1,9 @@
 """Pillow's own test images (Tests/images of the Pillow sdist: ~1,000 odd, broken and fuzzed
 files) through the header check, the torch loader's decode and DALI's CPU decoders.
 
-The contract (issue 24): every file is refused by the header check, naming it, or neither loader
+The contract: every file is refused by the header check, naming it, or neither loader
 crashes on it, and a file PIL decodes, DALI decodes too, to the same size. A native crash of
-DALI's decoder (issue 24 found two) is caught in the worker process and named.
+DALI's decoder is caught in the worker process and named.
 
 The images are Pillow's, under Pillow's licence (MIT-CMU, also known as HPND:
 https://github.com/python-pillow/Pillow/blob/main/LICENSE). They are not vendored: the sdist is

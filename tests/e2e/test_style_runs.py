@@ -59,7 +59,7 @@ def test_mypy_is_clean() -> None:
 
 @pytest.mark.e2e
 def test_mypy_refuses_a_schedule_where_a_side_is_expected(tmp_path: Path) -> None:
-    """The settings are strict enough for what one name with two meanings did (issue 26, 2):
+    """The settings are strict enough for what one name with two meanings did:
     an `int | list` schedule handed to an int side, and a function without annotations."""
     snippet = tmp_path / "snippet.py"
     snippet.write_text(

@@ -1,4 +1,4 @@
-"""Reads ahead (issue 27, item 3): DALI's source starts reading the next epoch's first batches
+"""Reads ahead: DALI's source starts reading the next epoch's first batches
 before this epoch ends, uses them when that epoch comes, and drops them when another one does;
 a torch worker starts its next batch's reads behind its current one's. Each file is read once."""
 

@@ -1,4 +1,4 @@
-"""Reads in flight (issue 27, item 3): files are read off the training thread, several at a
+"""Reads in flight: files are read off the training thread, several at a
 time, on both loaders, and the batches stay the same samples in the same order."""
 
 from __future__ import annotations

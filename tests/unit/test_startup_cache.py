@@ -1,4 +1,4 @@
-"""The start-up header check and its cache (issue 24, items 4-7): what may vouch for a root's
+"""The start-up header check and its cache: what may vouch for a root's
 files, and what both loaders do with a file the cache could not know about."""
 
 from __future__ import annotations
