@@ -354,10 +354,6 @@ def validate(recipe: Recipe) -> None:
         raise RecipeError(f"train.ema_decay = {recipe.train.ema_decay}; 0 (off) or in (0, 1)")
 
 
-# The fix for a folder root without val/, in both messages (here and the folder reader's).
-VAL_FIX = "; or set data.val_fraction (e.g. 0.05) to hold out that share of train/ for validation"
-
-
 def _check_size_schedule(sizes: int | list[list[int]]) -> None:
     if isinstance(sizes, int):
         return

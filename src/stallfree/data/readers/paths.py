@@ -7,29 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallfree.data import storage  # torch-free, obstore lazily
-from stallfree.recipe import VAL_FIX, Recipe
+from stallfree.recipe import DataConfig, Recipe
 from stallfree.tables import RecipeError
+
+
+def data_root(data: DataConfig) -> storage.Location:
+    """`data.root` as a Location, its store's endpoint set from data.endpoint_url: the one
+    place the recipe's root is parsed."""
+    storage.configure(data.endpoint_url)
+    return storage.locate(data.root)
 
 
 def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     """The files and folders the recipe names exist: checked before torch is imported, so that
     a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
     data = recipe.data
-    if data.root and not storage.open(data.root).is_local:  # before anything is written
-        storage.check_root(data.root, data.format, data.endpoint_url)
-    elif data.root:
-        root = Path(data.root)
-        if not root.is_dir():
-            hint = (
-                " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in data.root else ""
-            )
-            raise RecipeError(f"data.root {root} does not exist{hint}")
-        for split in ("train", "val") if data.format == "folder" else ():
-            if not (root / split).is_dir() and not (split == "val" and data.val_fraction):
-                fix = VAL_FIX if split == "val" else ""
-                raise RecipeError(
-                    f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>{fix}"
-                )
+    if data.root:  # before anything is written
+        data_root(data).check_root(data.format, val_optional=bool(data.val_fraction))
     if data.file_list and not Path(data.file_list).is_file():
         raise RecipeError(
             f"data.file_list {data.file_list} does not exist; point it at a file "

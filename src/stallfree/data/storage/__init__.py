@@ -1,23 +1,21 @@
 """One door to where data is: local paths and object stores (s3://, gs://, az://).
 
-`open(location)` gives the Source for a location, chosen once from its scheme (the only place
-a scheme is read is locations.py); the functions below take a location (a path or a URL) and
-go through its Source. Stores are read with obstore (wire.py, clouds.py); retries, the outage
+`locate(text)` parses a path or URL into a `Location` (its `Store` and a key; stores.py), once,
+where the text enters; code that holds a root takes the Location. A sample's path in a listing
+stays text (bytes per sample, not objects): the functions below take such a path and go through
+its store. Stores are read with obstore (wire.py, clouds.py); retries, the outage
 budget and errors are objects.py's. A sample's path may be a tar member reference (MemberRef).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from types import ModuleType
 
-import stallfree.data.storage.local as local
 import stallfree.data.storage.objects as objects
 from stallfree.data.storage.failures import (
     OUTAGE_ENV,
+    NoDataError,
     NoSuchObjectError,
     ObjectGoneError,
     StoreError,
@@ -32,6 +30,7 @@ from stallfree.data.storage.locations import (
     scheme_of,
     split_url,
 )
+from stallfree.data.storage.ranged import RangedFile
 from stallfree.data.storage.settings import (
     ATTEMPTS_ENV,
     ENDPOINT_ENV,
@@ -40,49 +39,43 @@ from stallfree.data.storage.settings import (
     outage_budget,
     retries,
 )
+from stallfree.data.storage.stores import (
+    LocalFile,
+    LocalStore,
+    Location,
+    ObjectStore,
+    Store,
+    digest_of_listing,
+    locate,
+)
 from stallfree.data.storage.wire import enable_direct
 
 __all__ = [
-    "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "MemberRef", "NoSuchObjectError",
-    "ObjectGoneError", "Source", "StoreError", "StoreUnavailableError", "attempt_timeout",
-    "base_name", "check_readable", "check_root", "configure", "digest_of", "enable_direct",
-    "endpoint_used", "endpoint_of", "exists", "identity", "join", "list_dirs", "list_many",
-    "list_objects", "list_prefix", "member_path", "open", "outage_budget", "read", "read_range",
-    "read_sample", "retries", "size", "split_url",
+    "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "LocalFile", "LocalStore",
+    "Location", "MemberRef", "NoDataError", "NoSuchObjectError", "ObjectGoneError", "ObjectStore",
+    "RangedFile", "Store", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name",
+    "configure", "digest_of", "digest_of_listing", "enable_direct", "endpoint_used",
+    "exists", "file_path", "identity", "join", "list_dirs", "list_many", "list_objects",
+    "list_prefix", "locate", "member_path", "outage_budget", "read", "read_range", "read_sample",
+    "retries", "size", "split_url",
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where a location's bytes come from: `is_local` (a filesystem) or an object store
-    (`scheme`: "s3", "gs", "az"); `ops` does the reads."""
-
-    scheme: str
-    ops: ModuleType
-
-    @property
-    def is_local(self) -> bool:
-        """Whether the location is a path on this machine's filesystem."""
-        return not self.scheme
-
-
-_LOCAL = Source("", local)
-
-
-def open(location: str | os.PathLike[str]) -> Source:
-    """The Source of `location` (a local path, or SCHEME://BUCKET/KEY)."""
-    scheme = scheme_of(location)
-    return Source(scheme, objects) if scheme else _LOCAL
+def _store(location: str) -> tuple[Store, str]:
+    place = locate(location)
+    return place.store, place.key
 
 
 def read(location: str, limit: int | None = None) -> bytes:
     """The file's or object's bytes (at most `limit`)."""
-    return open(location).ops.read(location, limit)
+    store, key = _store(location)
+    return store.read(key, limit)
 
 
 def read_range(location: str, start: int, length: int) -> bytes:
     """`length` bytes from byte `start` (one ranged GET from a store)."""
-    return open(location).ops.read_range(location, start, length)
+    store, key = _store(location)
+    return store.read_range(key, start, length)
 
 
 def read_sample(path: str, limit: int | None = None) -> bytes:
@@ -95,23 +88,27 @@ def read_sample(path: str, limit: int | None = None) -> bytes:
 
 def size(location: str) -> int:
     """The size in bytes."""
-    return open(location).ops.size(location)
+    store, key = _store(location)
+    return store.size(key)
 
 
 def exists(location: str) -> bool:
     """Whether a file or object is at `location` (a store's other errors raise)."""
-    return open(location).ops.exists(location)
+    store, key = _store(location)
+    return store.exists(key)
 
 
 def list_objects(location: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
     """{name relative to the folder or prefix: (size, version tag)} of everything under it
     (`shallow`: right under it only); the tag changes when the object is replaced."""
-    return open(location).ops.list_objects(location, shallow)
+    store, key = _store(location)
+    return store.list_objects(key, shallow)
 
 
 def list_dirs(location: str) -> list[str]:
     """The folders (common prefixes) right under `location`, sorted."""
-    return open(location).ops.list_dirs(location)
+    store, key = _store(location)
+    return store.list_dirs(key)
 
 
 def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -135,19 +132,7 @@ def digest_of(parts: list[str]) -> str:
 def identity(location: str) -> str:
     """A stable name for `location` (a cache's key): the real path of a file, the store's
     endpoint and URL of an object."""
-    source = open(location)
-    return local.identity(location) if source.is_local else f"{endpoint_of(location)}\0{location}"
-
-
-def endpoint_of(location: str) -> str:
-    """The endpoint the store of `location` is reached at ("" for a local path); never a
-    credential. For S3: data.endpoint_url or AWS_ENDPOINT_URL, "aws" for AWS's own."""
-    scheme = scheme_of(location)
-    if scheme == "s3":
-        from stallfree.data.storage.settings import s3_endpoint
-
-        return s3_endpoint() or "aws"
-    return scheme
+    return locate(location).identity()
 
 
 def endpoint_used(location: str) -> str:
@@ -165,21 +150,9 @@ def endpoint_used(location: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", "")) if host else ""
 
 
-def check_readable(location: str) -> None:
-    """At start: a store's bucket exists, the credentials work and something is under the
-    prefix (a StoreError naming it otherwise); a local path: it exists."""
-    if open(location).is_local:
-        if not os.path.exists(location):
-            raise StoreError(f"{location} does not exist")
-        return
-    objects.check_readable(location)
-
-
-def check_root(root: str, fmt: str, endpoint_url: str = "") -> None:
-    """`check_readable` on what a recipe's store root must hold (train/ and val/ for folders);
-    nothing for a local root (the recipe's path check names it)."""
-    if open(root).is_local:
-        return
-    configure(endpoint_url)
-    for split in ("train", "val") if fmt == "folder" else ("",):
-        check_readable(join(root, split) if split else root)
+def file_path(path: str) -> str | None:
+    """`path` itself when a sample's bytes are a whole file on this machine (a decoder may open
+    it by name), None for an object or a tar member."""
+    if MemberRef.parse(path) is not None:
+        return None
+    return path if locate(path).store.kind == LocalStore.kind else None

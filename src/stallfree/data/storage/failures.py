@@ -55,3 +55,7 @@ class StoreUnavailableError(StoreError):
 
     exit_code = PREEMPTED_EXIT_CODE  # EX_TEMPFAIL (sysexits.h): try again later, as a preempted run's
     hint = f"{OUTAGE_ENV} (or STALLFREE_S3_OUTAGE_S) sets how long to wait for it"
+
+
+class NoDataError(StallfreeError, ValueError):
+    """A data root, or a split a root must hold, that is not there: the one start-up check's."""
