@@ -29,8 +29,8 @@ def _cpu_s(usage: resource.struct_rusage) -> float:
 
 def _child(root: str, workers: int) -> dict[str, float]:
     from stallfree.data.readers import check_pool
+    from stallfree.data.readers.factory import resolve_dataset
     from stallfree.data.readers.fast_headers import jpeg_verdict, read_head
-    from stallfree.data.readers.folders import resolve_dataset
     from stallfree.recipe import recipe_from_dict
 
     listing = resolve_dataset(recipe_from_dict({"data": {"root": root}}).data).splits["train"]

@@ -44,7 +44,7 @@ BUCKET, PREFIX = "listing", "imagenet"
 MEASURE = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.recipe import DataConfig
 try:  # the storage package (obstore): listing requests, each one streamed page by page
     from stallfree.data.storage import dispatch

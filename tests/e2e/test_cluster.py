@@ -264,7 +264,7 @@ def _kill_tree(pid: int) -> None:
 def test_ddp_does_not_hang_when_one_rank_logs_an_all_skipped_window(image_root: Path, tmp_path: Path) -> None:
     """Rank 0's first micro-batch is all bad files, rank 1's is clean, a record every step:
     both ranks must run the same collectives (the skipped-count sum) whatever their data."""
-    from stallfree.data.readers.folders import resolve_dataset
+    from stallfree.data.readers.factory import resolve_dataset
     from stallfree.data.sharding import ShardPlan, epoch_permutation
 
     root = _copy_root(image_root, tmp_path / "data")

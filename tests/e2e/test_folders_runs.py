@@ -12,7 +12,7 @@ from helpers import build_loader, small_recipe
 from test_folders import BACKENDS, CPU, _nested_root
 
 from stallfree.cli import main
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.tools.check import check_dataset
 from stallfree.recipe import DataConfig
 

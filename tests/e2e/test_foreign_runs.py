@@ -9,7 +9,7 @@ import pytest
 from helpers import build_loader, small_recipe
 from test_foreign import BACKENDS, CPU, _samples, _shard
 
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.tools.check import check_dataset
 from stallfree.recipe import DataConfig
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from helpers import PYTHON
 
+from stallfree.data import storage
 from stallfree.data.readers import remote
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.storage import dispatch, split_url
 from stallfree.recipe import DataConfig
 
@@ -28,7 +29,7 @@ COUNTING = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
 from stallfree.data.storage import dispatch
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.recipe import DataConfig
 calls = []
 real = dispatch.run
@@ -146,7 +147,7 @@ def test_a_class_prefix_added_is_listed_again_on_a_resume(client: Any, root: str
 
 def test_a_damaged_entry_is_named_and_listed_again(root: str, calls: list[str]) -> None:
     first = resolve_dataset(DataConfig(root=root))
-    remote.cache_path(root).write_bytes(b"not a listing")
+    remote.cache_path(storage.locate(root)).write_bytes(b"not a listing")
     calls.clear()
     with pytest.warns(UserWarning, match="listing cache .* is damaged"):
         again = resolve_dataset(DataConfig(root=root), reuse_listing=True)

@@ -13,7 +13,7 @@ from helpers import final_weights, small_recipe
 from s3_server import upload_tree
 
 from stallfree.cli import main
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.tarshards import ShardError
 from stallfree.data.tools.check import check_dataset
 from stallfree.data.tools.pack import PackError, pack_dataset

@@ -307,6 +307,6 @@ def test_a_listing_of_a_missing_bucket_is_no_outage(server: Store, monkeypatch: 
     monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
     url = f"{server.scheme}://no-such-bucket/data"
     with pytest.raises(storage.StoreError) as err:
-        storage.list_objects(url)
+        storage.locate(url).list_objects()
     assert not isinstance(err.value, storage.StoreUnavailableError), err.value
     assert str(err.value).startswith(f"{url}: no such bucket 'no-such-bucket'"), err.value

@@ -29,12 +29,13 @@ def test_reads_ranges_and_member_references(bucket: str) -> None:
     assert read_bytes(url, 5) == data[:5]
     assert read_bytes(f"{url}::m.jpg:512:20") == data[512:532]
     assert read_bytes(f"{url}::m.jpg:512:20", 4) == data[512:516]
-    assert storage.size(url) == 1024
+    assert storage.size(url) == 1024 == storage.locate(url).size()
 
 
 def test_lists_every_page_and_every_class_prefix(bucket: str) -> None:
-    assert storage.list_dirs(f"{bucket}/many") == ["c0", "c1", "c2"]
-    listed = storage.list_many([f"{bucket}/many/c{i}" for i in range(3)])
+    many = storage.locate(f"{bucket}/many")
+    assert many.list_dirs() == ["c0", "c1", "c2"]
+    listed = storage.list_many([many.join(f"c{i}") for i in range(3)])
     names = [name for names, _ in listed for name, _ in names]
     assert len(names) == 1100 and len(set(names)) == 1100
     assert all(size == 0 for names, _ in listed for _, size in names)
@@ -44,18 +45,19 @@ def test_errors_name_the_url_and_reason(bucket: str) -> None:
     with pytest.raises(storage.StoreError, match=r"s3://unit/one/nothing: no such object"):
         storage.read(f"{bucket}/one/nothing")
     with pytest.raises(storage.StoreError, match=r"s3://no-such-bucket/x: no such bucket"):
-        storage.check_readable("s3://no-such-bucket/x")
+        storage.locate("s3://no-such-bucket/x").check_root()
     with pytest.raises(storage.StoreError, match=r"s3://unit/empty: no objects under"):
-        storage.check_readable(f"{bucket}/empty")
-    storage.check_readable(f"{bucket}/many")
-    assert not storage.exists(f"{bucket}/one/nothing") and storage.exists(f"{bucket}/one/blob.bin")
+        storage.locate(f"{bucket}/empty").check_root()
+    storage.locate(f"{bucket}/many").check_root()
+    one = storage.locate(f"{bucket}/one")
+    assert not one.join("nothing").exists() and one.join("blob.bin").exists()
 
 
 def test_a_missing_bucket_is_not_a_missing_object(bucket: str) -> None:
     """exists() said False for a key in a bucket that does not exist, so a root in a wrong
     bucket was read as the other shard format; it names the bucket instead."""
     with pytest.raises(storage.StoreError, match=r"s3://no-such-bucket/x/manifest.json: no such bucket"):
-        storage.exists("s3://no-such-bucket/x/manifest.json")
+        storage.locate("s3://no-such-bucket/x/manifest.json").exists()
 
 
 @pytest.mark.e2e  # starts worker or store-helper processes
@@ -65,7 +67,7 @@ def test_bad_endpoint_is_one_line_after_the_retries(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv(storage.ATTEMPTS_ENV, "2")
     with pytest.raises(storage.StoreError, match=r"^s3://unit/x: the store did not answer") as err:
-        storage.check_readable("s3://unit/x")
+        storage.locate("s3://unit/x").check_root()
     assert "\n" not in str(err.value) and "secret" not in str(err.value)
 
 
@@ -75,7 +77,7 @@ def test_an_endpoint_without_a_scheme_is_one_line(monkeypatch: pytest.MonkeyPatc
     it): it is a StoreError naming the endpoint and the fix."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:18333")
     with pytest.raises(storage.StoreError) as err:
-        storage.check_readable("s3://unit/x")
+        storage.locate("s3://unit/x").check_root()
     assert "127.0.0.1:18333" in str(err.value) and "http://127.0.0.1:18333" in str(err.value), err.value
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import small_recipe
 
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.recipe import load_recipe
 
 

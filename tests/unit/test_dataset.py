@@ -10,7 +10,8 @@ import torch
 from helpers import build_loader, small_recipe
 from PIL import Image
 
-from stallfree.data.readers.folders import DatasetError, list_split, resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
+from stallfree.data.readers.folders import DatasetError, list_split
 from stallfree.recipe import DataConfig
 
 

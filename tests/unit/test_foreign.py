@@ -16,7 +16,7 @@ from helpers import build_loader, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.tarshards import ShardError
 from stallfree.data.tools.check import check_dataset
 from stallfree.recipe import DataConfig

@@ -10,7 +10,7 @@ from helpers import build_loader, exif_block, small_recipe
 from PIL import Image
 
 from stallfree.cli import main
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import DataConfig, dump_toml
 

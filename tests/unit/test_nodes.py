@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import small_recipe
 
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.remote import cached_note
 from stallfree.train.listing_check import _mismatch, identity
 from stallfree.train.resume import data_record

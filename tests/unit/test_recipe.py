@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.data.readers.folders import DatasetError, resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.registry import check_data_root
+from stallfree.data.storage import NoDataError
 from stallfree.recipe import (
     DataConfig,
     Recipe,
@@ -81,9 +82,9 @@ def test_missing_and_empty_data_roots(tmp_path: Path) -> None:
     recipe = Recipe()
     with pytest.raises(RecipeError, match="data.root, which is empty"):
         check_data_root(recipe)
-    with pytest.raises(DatasetError, match="does not exist"):
+    with pytest.raises(NoDataError, match="does not exist"):
         resolve_dataset(DataConfig(root=str(tmp_path / "nope")))
-    with pytest.raises(DatasetError, match="no train/ folder"):
+    with pytest.raises(NoDataError, match="no train/ folder"):
         resolve_dataset(DataConfig(root=str(tmp_path)))
 
 

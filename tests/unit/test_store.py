@@ -13,9 +13,10 @@ from stallfree.data.storage import dispatch, objects, settings, wire
 def test_an_unknown_scheme_is_refused_by_name() -> None:
     """gs-like URLs passed the start check and failed later as a local path."""
     with pytest.raises(storage.StoreError, match=r"^http://x/y: http:// is not a store"):
-        storage.open("http://x/y")
-    assert storage.open("/data/s3://x").is_local and storage.open(Path("s3:/b")).is_local
-    assert not storage.open("s3://b/p").is_local
+        storage.locate("http://x/y")
+    assert storage.locate("/data/s3://x").store == storage.LocalStore()
+    assert storage.locate(Path("s3:/b")).store == storage.LocalStore()
+    assert storage.locate("s3://b/p/") == storage.Location(storage.ObjectStore("s3", "b"), "p")
 
 
 @pytest.mark.parametrize("read", [lambda url: storage.read(url), lambda url: storage.read_range(url, 0, 10)])

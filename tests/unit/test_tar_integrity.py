@@ -14,7 +14,7 @@ import torch
 from helpers import build_loader, small_recipe
 
 from stallfree.cli import main
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.tarshards import ShardError
 from stallfree.recipe import DataConfig
 

@@ -11,8 +11,10 @@ import pytest
 from helpers import small_recipe
 
 import stallfree
-from stallfree.data.readers.folders import DatasetError, resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
+from stallfree.data.readers.folders import DatasetError
 from stallfree.data.readers.paths import check_paths
+from stallfree.data.storage import NoDataError
 from stallfree.recipe import DataConfig, RecipeError, dump_toml
 
 BACKENDS = ["torch", pytest.param("dali", marks=pytest.mark.dali)]
@@ -26,7 +28,7 @@ def train_only(image_root: Path, tmp_path: Path) -> Path:
 
 
 def test_a_root_without_val_is_refused_naming_val_fraction(train_only: Path) -> None:
-    with pytest.raises(DatasetError, match=r"no val/ folder.*data\.val_fraction"):
+    with pytest.raises(NoDataError, match=r"no val/ folder.*data\.val_fraction"):
         resolve_dataset(DataConfig(root=str(train_only)))
     with pytest.raises(RecipeError, match=r"no val/ folder.*data\.val_fraction"):
         check_paths(small_recipe(train_only))

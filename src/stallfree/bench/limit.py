@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.parallel import cpu_cores
 from stallfree.recipe import Recipe, recipe_from_dict
 

@@ -79,7 +79,7 @@ def _data_source(recipe: dict[str, Any] | None) -> str:
     if not root or (backend is not None and not backend.needs_data):
         return "synthetic"
     try:
-        where = storage.open(root).scheme or "local"
+        where = storage.locate(root).store.scheme or "local"
     except storage.StoreError:
         where = "?"
     return f"{where} {'tar' if data.get('format') == 'tar' else 'folders'}"

@@ -50,16 +50,18 @@ def outage_error_without_save(stop: PreemptedError) -> storage.StoreUnavailableE
     )
 
 
-def retries_record(root: str, device: torch.device) -> Callable[[], dict[str, float]] | None:
-    """For a run from an s3:// root: a log record's `store_retries`, the requests retried since
-    this run (segment) started, by every rank and its DataLoader workers (storage.retries), summed
-    over ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
-    if storage.open(root).is_local:
+def retries_record(root: storage.Location, device: torch.device) -> Callable[[], dict[str, float]] | None:
+    """For a run from a store that retries requests: a log record's `store_retries`, the
+    requests retried since this run (segment) started, by every rank and its DataLoader workers,
+    summed over ranks. An all-reduce: every rank logs at the same steps. None for a local root."""
+    store = root.store
+    before = store.retries()  # a process that ran something else first (train() in a notebook)
+    if before is None:
         return None
-    before = storage.retries()  # a process that ran something else first (train() in a notebook)
 
     def record() -> dict[str, float]:
-        count = torch.tensor([float(storage.retries() - before)], device=device)
+        now = store.retries() or 0
+        count = torch.tensor([float(now - before)], device=device)
         return {"store_retries": int(all_reduce_sum(count).item())}
 
     return record

@@ -17,7 +17,8 @@ from stallfree.data import autotune, registry, storage
 from stallfree.data.build import build_loader, measure_auto_count
 from stallfree.data.choose import resolve_auto
 from stallfree.data.loader import Loader
-from stallfree.data.readers.folders import Dataset, class_count, resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
+from stallfree.data.readers.folders import Dataset, class_count
 from stallfree.data.readers.inflight import reads_in_flight
 from stallfree.data.registry import ResolvedBackend
 from stallfree.log import LOGGER

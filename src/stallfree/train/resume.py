@@ -76,7 +76,7 @@ def _root_named(root: str) -> str:
     """A local root resolved (a relative one names a folder from where it ran), a URL as is."""
     if not root:
         return ""
-    return str(Path(root).resolve()) if storage.open(root).is_local else root
+    return str(storage.locate(root).resolved())
 
 
 def _semantics(recipe: dict[str, Any], backend: str, world_size: int) -> dict[str, Any]:

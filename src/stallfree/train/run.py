@@ -18,6 +18,7 @@ import torch
 
 from stallfree.data.loader import Loader
 from stallfree.data.readers.folders import held_out_record
+from stallfree.data.readers.paths import data_root
 from stallfree.log import LOGGER
 from stallfree.metrics import GpuMonitor, SinkSet, write_json_atomic
 from stallfree.parallel import DistInfo
@@ -351,7 +352,7 @@ def _record_extras(ctx: RunContext, train_loader: Loader) -> list[Callable[[], d
         extras.append(monitor.sample)
     if recipe.data.on_error == "skip":
         extras.append(lambda: {"skipped_samples": _skipped(train_loader, device)})
-    retries = retries_record(recipe.data.root, device)
+    retries = retries_record(data_root(recipe.data), device)
     if retries is not None:
         extras.append(retries)
     return extras

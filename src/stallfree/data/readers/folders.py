@@ -1,5 +1,5 @@
-"""The folder reader, and `resolve_dataset`, which picks the reader: train's class folders
-define the labels of every split.
+"""The folder reader of a local root, and a `data.file_list` read for any root: train's class
+folders define the labels of every split (data/readers/factory.py picks the reader).
 
 Every backend, the bench and the trainer take this one `Dataset`; nobody lists folders again.
 Listing is `os.scandir` (no `stat()` per file) into a `Listing` of bytes (see data/readers/listing.py),
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder, hold_out
 from stallfree.errors import some_of
-from stallfree.recipe import VAL_FIX, DataConfig, Recipe
+from stallfree.recipe import DataConfig, Recipe
 
 # The first line `stallfree data check --write-list` writes: a list it fully decoded under this
 # version's rules and pixel limit needs no header check at start, for the root it names.
@@ -35,98 +36,38 @@ def class_count(recipe: Recipe, dataset: Dataset | None) -> int:
     return dataset.num_classes if dataset else recipe.data.synthetic_classes
 
 
-def resolve_dataset(data: DataConfig, seed: int = 0, *, reuse_listing: bool = False) -> Dataset:
-    """List `data.root/{train,val}/<class>/<image>` once, with train's classes as the label map.
+def read_folders(root: storage.Location, data: DataConfig, seed: int = 0, reuse: bool = False) -> Dataset:
+    """List a local `root/{train,val}/<class>/<image>` once, with train's classes as the label
+    map (data/readers/factory.py chooses this reader; `reuse` is a store's).
 
     A val class that train lacks is an error (its label would mean nothing); a train class with
     no val folder or no val images is a warning (its accuracy simply goes unmeasured). With
     `data.val_fraction`, a root without val/ holds out that share of train, drawn with `seed`
-    (train.seed). `reuse_listing` (a resume): an s3:// root's cached listing is used (see
-    data/readers/remote.py).
+    (train.seed).
     """
-    from stallfree.data import storage
-
-    storage.configure(data.endpoint_url)
-    in_store = not storage.open(data.root).is_local
-    if data.val_fraction and (data.format != "folder" or in_store or data.file_list):
-        raise DatasetError(
-            f"data.val_fraction = {data.val_fraction} holds out part of a local folder root's "
-            "train/ (no data.file_list, data.format = folder); give this root a val split, or "
-            "set data.val_fraction = 0"
-        )
-    if data.format == "tar":
-        return _tar_dataset(data.root, in_store)
-    if in_store:
-        return _remote_dataset(data.root.rstrip("/"), data.file_list, reuse_listing)
-    root = _check_root(data.root, data.val_fraction)
-    classes = tuple(_class_dirs(root / "train"))
+    folder = root.folder("the folder reader walks a local folder")
+    _check_no_val(folder, data.val_fraction)
+    classes = tuple(_class_dirs(folder / "train"))
     if data.val_fraction:
-        return _held_out(root, classes, data.val_fraction, seed)
-    val_dir = root / "val"
+        return _held_out(folder, classes, data.val_fraction, seed)
+    val_dir = folder / "val"
     unknown = sorted(set(_class_dirs(val_dir)) - set(classes))
     if unknown:
         raise DatasetError(
-            f"{val_dir} has class folders that {root / 'train'} lacks: {', '.join(unknown)}; "
+            f"{val_dir} has class folders that {folder / 'train'} lacks: {', '.join(unknown)}; "
             "labels come from train's class folders, so remove them from val/ or add them to train/"
         )
     if data.file_list:
-        return _from_file_list(root, classes, data.file_list)
-    train, train_subs = list_split(root, "train", classes)
-    val, val_subs = list_split(root, "val", classes)
-    _warn_unmeasured(val_dir, classes, val)
+        return from_file_list(root, classes, data.file_list)
+    train, train_subs = list_split(folder, "train", classes)
+    val, val_subs = list_split(folder, "val", classes)
+    warn_unmeasured(val_dir, classes, val)
     # Sub-folders too: a file replaced in one moves its time, not the class folder's.
-    sources = (*(str(root / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
-    return Dataset(root=str(root), classes=classes, splits={"train": train, "val": val}, sources=sources)
+    sources = (*(str(folder / split / name) for split in SPLITS for name in classes), *train_subs, *val_subs)
+    return Dataset(root=str(folder), classes=classes, splits={"train": train, "val": val}, sources=sources)
 
 
-def _tar_dataset(root: str, in_store: bool) -> Dataset:
-    """The tar readers: ours (a root with a manifest) and other people's shards, each read in
-    place, on disk or in a store."""
-    from stallfree.data import storage
-    from stallfree.data.readers.tarshards import MANIFEST, resolve_shards
-
-    if in_store:
-        if storage.exists(storage.join(root, MANIFEST)):
-            return resolve_shards(root)
-        from stallfree.data.readers.webdataset import resolve_foreign
-
-        return resolve_foreign(root)  # other people's shards, read in place there too
-    if not Path(root).is_dir():
-        raise DatasetError(f"data.root {root} does not exist")
-    if (Path(root) / MANIFEST).is_file():
-        return resolve_shards(root)
-    from stallfree.data.readers.webdataset import resolve_foreign
-
-    return resolve_foreign(Path(root))
-
-
-def _remote_dataset(root: str, file_list: str, reuse: bool) -> Dataset:
-    """An ImageFolder-shaped s3:// prefix: the same samples, in the same order, as a local copy
-    gives; listed once a run (cached per node), a file list lists nothing (see remote.py)."""
-    from stallfree.data.readers import remote
-
-    if file_list:
-        return _from_file_list(root, remote.list_classes(file_list), file_list)
-    classes, names, digests, cached = remote.list_root(root, reuse=reuse)
-    splits = {}
-    for split in SPLITS:  # a loop, not a comprehension: _split_of's stacklevel counts frames
-        splits[split] = _split_of(f"{root}/{split}", split, classes, names[split])
-    sources = tuple(f"{root}/{split}#keys={digests[split]}" for split in SPLITS)  # no times: ETags
-    _warn_unmeasured(f"{root}/val", classes, splits["val"])
-    return Dataset(root=root, classes=classes, splits=splits, sources=sources, cached_listing=cached)
-
-
-def _split_of(split_url: str, split: str, classes: tuple[str, ...], names: list[list[str]]) -> Listing:
-    """A split's listing from each class's object names (the accepted image types only)."""
-    builder = ListingBuilder(split_url + "/", classes)
-    left_out: list[str] = []
-    for label, (name, files) in enumerate(zip(classes, names, strict=True)):
-        empty = f"class prefix {split_url}/{name}/ has no images; add images or remove it"
-        _add_class(builder, label, name, files, left_out, empty if split == "train" else "")
-    return _built(builder, f"{split_url}/", left_out, "object(s)", stacklevel=5)
-
-
-def _add_class(
+def add_class(
     builder: ListingBuilder, label: int, name: str, files: list[str], left_out: list[str], empty: str
 ) -> None:
     """One class's files of an accepted image type into the listing, the others into
@@ -138,7 +79,7 @@ def _add_class(
     builder.add(kept, label)
 
 
-def _built(builder: ListingBuilder, where: str, left_out: list[str], things: str, stacklevel: int) -> Listing:
+def built(builder: ListingBuilder, where: str, left_out: list[str], things: str, stacklevel: int) -> Listing:
     """The listing, once the left-out names are said in one warning (at the caller `stacklevel`
     frames up, as warnings.warn counts them); an empty split is an error."""
     if left_out:
@@ -152,7 +93,7 @@ def _built(builder: ListingBuilder, where: str, left_out: list[str], things: str
     return builder.build()
 
 
-def _warn_unmeasured(val_dir: Path | str, classes: tuple[str, ...], val: Listing) -> None:
+def warn_unmeasured(val_dir: Path | str | storage.Location, classes: tuple[str, ...], val: Listing) -> None:
     present = set(val.labels.tolist())
     missing = [name for label, name in enumerate(classes) if label not in present]
     if missing:
@@ -184,26 +125,12 @@ def held_out_record(dataset: Dataset, fraction: float, seed: int) -> str:
     return "\n".join([header, *(os.path.relpath(path, dataset.root) for path in val.iter_paths())]) + "\n"
 
 
-def _check_root(root_text: str, val_fraction: float = 0.0) -> Path:
-    if not root_text:
-        raise DatasetError("data.root is empty; set it in the recipe or with --set data.root=PATH")
-    root = Path(root_text)
-    if not root.is_dir():
-        hint = " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in root_text else ""
-        raise DatasetError(f"data.root {root} does not exist{hint}")
-    for split in SPLITS:
-        present = (root / split).is_dir()
-        if split == "val" and val_fraction and present:
-            raise DatasetError(
-                f"data.val_fraction = {val_fraction} holds out part of train/, but {root} has a "
-                "val/ folder; set data.val_fraction = 0 to validate on val/, or remove val/"
-            )
-        if not present and not (split == "val" and val_fraction):
-            fix = VAL_FIX if split == "val" else ""
-            raise DatasetError(
-                f"data.root {root} has no {split}/ folder; expected {root}/{split}/<class>/<image>{fix}"
-            )
-    return root
+def _check_no_val(root: Path, val_fraction: float) -> None:
+    if val_fraction and (root / "val").is_dir():
+        raise DatasetError(
+            f"data.val_fraction = {val_fraction} holds out part of train/, but {root} has a "
+            "val/ folder; set data.val_fraction = 0 to validate on val/, or remove val/"
+        )
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
@@ -279,31 +206,29 @@ def list_split(
             f"class folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}); "
             "add images or remove the folder"
         )
-        _add_class(builder, label, name, files, left_out, empty if split == "train" else "")
-    return _built(builder, str(split_dir), left_out, "file(s)", stacklevel=4), sub_folders
+        add_class(builder, label, name, files, left_out, empty if split == "train" else "")
+    return built(builder, str(split_dir), left_out, "file(s)", stacklevel=4), sub_folders
 
 
-def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) -> Dataset:
+def from_file_list(root: storage.Location, classes: tuple[str, ...], list_file: str) -> Dataset:
     """The listing a clean file list names, read from the list alone: no folder is walked.
 
     Lines are paths relative to data.root (or absolute, under it): SPLIT/CLASS/FILE, or
     SPLIT/CLASS/SUB/.../FILE for an image in a sub-folder of its class folder. Each
     split keeps the list's order within a class, classes in train's order. `root` is a folder,
-    or an object-store URL (s3://...; the list is a local file).
+    or an object-store prefix (the list is a local file).
     """
-    from stallfree.data import storage
-
     path = Path(list_file)
-    remote = isinstance(root, str) and not storage.open(root).is_local
-    under = (
-        (lambda *parts: "/".join([str(root), *parts])) if remote else (lambda *parts: str(Path(root, *parts)))
-    )
+
+    def under(*parts: str) -> str:
+        return str(root.join(*parts))
+
     if not path.is_file():
         raise DatasetError(
             f"data.file_list {path} does not exist; point it at a file with one "
             "image path per line (relative to data.root), or unset it"
         )
-    tails, checked_by, left_out = _read_list(path, root, classes, remote, under("train"))
+    tails, checked_by, left_out = _read_list(path, root, classes, under("train"))
     if left_out:
         warnings.warn(
             f"{path}: left out {len(left_out)} line(s) that are not of an accepted "
@@ -313,13 +238,13 @@ def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) 
     _check_every_class_listed(path, root, classes, tails["train"])
     splits = {}
     for split in SPLITS:
-        builder = ListingBuilder(under(split) + ("/" if remote else os.sep), classes)
+        builder = ListingBuilder(under(split) + "/", classes)
         for label, names in enumerate(tails[split]):
             builder.add(names, label)
         if not len(builder):
             raise DatasetError(f"data.file_list {path} names no {split} images under {root}")
         splits[split] = builder.build()
-    _warn_unmeasured(under("val"), classes, splits["val"])
+    warn_unmeasured(under("val"), classes, splits["val"])
     folders = [under(split, name) for split in SPLITS for name in classes]
     return Dataset(
         root=str(root), classes=classes, splits=splits, sources=(str(path), *folders), checked_by=checked_by
@@ -327,7 +252,7 @@ def _from_file_list(root: Path | str, classes: tuple[str, ...], list_file: str) 
 
 
 def _read_list(
-    path: Path, root: Path | str, classes: tuple[str, ...], remote: bool, train_dir: str
+    path: Path, root: storage.Location, classes: tuple[str, ...], train_dir: str
 ) -> tuple[dict[str, list[list[str]]], tuple[str, int] | None, list[str]]:
     """A file list's lines: each split's CLASS/[SUB/]FILE names by label, the version and pixel
     limit its first line says it was checked under (for this root), and the lines left out
@@ -335,11 +260,13 @@ def _read_list(
     index = {name: label for label, name in enumerate(classes)}
     tails: dict[str, list[list[str]]] = {split: [[] for _ in classes] for split in SPLITS}
     checked_by, left_out = None, []
-    bases = [str(root)] if remote else [str(root), str(Path(root).resolve())]
+    bases = list(dict.fromkeys([str(root), str(root.resolved())]))
     with open(path, encoding="utf-8", errors="surrogateescape") as lines:
         for number, line in enumerate(lines, 1):
             text = line.strip()
-            if number == 1 and (m := CHECKED_LIST.match(text)) and _same_root(m.group(1), str(root)):
+            # The list vouches for the bytes of the root it names, resolved as data check
+            # wrote it: not for a copy, nor for a relative name meant from another folder.
+            if number == 1 and (m := CHECKED_LIST.match(text)) and m.group(1) == str(root.resolved()):
                 checked_by = (m.group(2), int(m.group(3)))
             if not text or text.startswith("#"):
                 continue
@@ -358,20 +285,8 @@ def _read_list(
     return tails, checked_by, left_out
 
 
-def _same_root(checked: str, root: str) -> bool:
-    """Whether a clean list's checked root is data.root. Only an absolute one can say: a
-    relative one meant the folder it named from wherever the check ran. A list for another
-    root (a copy, say) still selects the files, but cannot vouch for their bytes: the start
-    checks them, once (cached), as it does without a list."""
-    from stallfree.data import storage
-
-    if not storage.open(root).is_local:  # an object-store URL names itself
-        return checked.rstrip("/") == root.rstrip("/")
-    return os.path.isabs(checked) and os.path.realpath(checked) == os.path.realpath(root)
-
-
 def _check_every_class_listed(
-    path: Path, root: Path | str, classes: tuple[str, ...], train: list[list[str]]
+    path: Path, root: storage.Location, classes: tuple[str, ...], train: list[list[str]]
 ) -> None:
     """A train class the list names no image of is an error, as an empty class folder is:
     a label the model could never learn."""

@@ -97,8 +97,7 @@ def _source(path: str, data: bytes | None = None) -> str | io.BytesIO:
     extracted to disk)."""
     if data is not None:
         return io.BytesIO(data)
-    local_file = storage.MemberRef.parse(path) is None and storage.open(path).is_local
-    return path if local_file else io.BytesIO(read_bytes(path))
+    return storage.file_path(path) or io.BytesIO(read_bytes(path))
 
 
 def _size(path: str, data: bytes | None = None) -> int:

@@ -22,19 +22,12 @@ from stallfree.data.readers.imageio import register_plugins
 T = TypeVar("T")
 R = TypeVar("R")
 
-# `loader.io_depth = "auto"`. The reads a loader needs in flight are its rate times the read's
-# latency: ~300 images/s a worker-core at 2 ms (a network filesystem) is under 1, at 50 ms (an
-# object store far away) 15, at the edge of 16 (benchmarks/RESULTS.md: at +50 ms, 16 left DALI's
-# source 43-61 ms a batch, 64 left it under 1 ms; at 0 and 10 ms 64 cost nothing measurable).
-# A thread waiting on a socket costs no CPU, and reads are bounded by the batches read ahead.
-AUTO_DEPTH_PATH, AUTO_DEPTH_STORE = 16, 64
-
 
 def reads_in_flight(io_depth: int | str, root: str) -> int:
     """`loader.io_depth` as a number of reader threads for data under `root`."""
     if io_depth != "auto":
         return int(io_depth)
-    return AUTO_DEPTH_PATH if storage.open(root).is_local else AUTO_DEPTH_STORE
+    return storage.locate(root).store.reads_in_flight
 
 
 class ReaderPool:

@@ -22,8 +22,11 @@ def check_paths(recipe: Recipe, *, weights: bool = True) -> None:
     """The files and folders the recipe names exist: checked before torch is imported, so that
     a wrong path is said at once. `weights`: model.init_from is read (a fresh start)."""
     data = recipe.data
-    if data.root:  # before anything is written
-        data_root(data).check_root(data.format, val_optional=bool(data.val_fraction))
+    try:  # before anything is written; a recipe's path, so a RecipeError naming the recipe
+        if data.root:
+            data_root(data).check_root(data.format, val_optional=bool(data.val_fraction))
+    except storage.NoDataError as exc:
+        raise RecipeError(str(exc)) from exc
     if data.file_list and not Path(data.file_list).is_file():
         raise RecipeError(
             f"data.file_list {data.file_list} does not exist; point it at a file "

@@ -1,7 +1,7 @@
 """ImageFolder-shaped prefixes in an object store: `s3://bucket/prefix/{train,val}/CLASS/...`.
 
 Listed here (every class prefix in full, in parallel; no object is read) and made into a Dataset
-by `folders.resolve_dataset`: the one a local copy of the same objects gives, sample for sample
+by `read_store_folders`: the one a local copy of the same objects gives, sample for sample
 in the same order (`folders.class_files`), so a run from the store and one from the copy see the
 same batches. The listing is cached per node (`list_root`), so that a resume counts its
 positions in the listing it started with. A `data.file_list` lists nothing.
@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.data import storage
-from stallfree.data.readers.listing import SPLITS, DatasetError
+from stallfree.data.readers.folders import add_class, built, from_file_list, warn_unmeasured
+from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, Listing, ListingBuilder
 from stallfree.parallel import DistInfo
+from stallfree.recipe import DataConfig
 from stallfree.version import __version__
 
 # How long a node's other ranks wait for local rank 0's listing before listing themselves (a
@@ -43,15 +45,43 @@ def imagefolder_order(names: list[str]) -> list[str]:
     return [name for rel in order for name in sorted(groups[rel])]
 
 
-def class_prefixes(root: str) -> dict[str, list[str]]:
+def read_store_folders(
+    root: storage.Location, data: DataConfig, seed: int = 0, reuse: bool = False
+) -> Dataset:
+    """An ImageFolder-shaped prefix: the same samples, in the same order, as a local copy gives;
+    listed once a run (cached per node, reused by a resume: `reuse`), a file list lists nothing.
+    `seed` is the folder reader's (a held-out val), which a store root does not draw."""
+    if data.file_list:
+        return from_file_list(root, list_classes(data.file_list), data.file_list)
+    classes, names, digests, cached = list_root(root, reuse=reuse)
+    splits = {}
+    for split in SPLITS:  # a loop, not a comprehension: _split_of's stacklevel counts frames
+        splits[split] = _split_of(root.join(split), split, classes, names[split])
+    sources = tuple(f"{root.join(split)}#keys={digests[split]}" for split in SPLITS)  # no times: ETags
+    warn_unmeasured(root.join("val"), classes, splits["val"])
+    return Dataset(root=str(root), classes=classes, splits=splits, sources=sources, cached_listing=cached)
+
+
+def _split_of(
+    split_root: storage.Location, split: str, classes: tuple[str, ...], names: list[list[str]]
+) -> Listing:
+    """A split's listing from each class's object names (the accepted image types only)."""
+    builder = ListingBuilder(f"{split_root}/", classes)
+    left_out: list[str] = []
+    for label, (name, files) in enumerate(zip(classes, names, strict=True)):
+        empty = f"class prefix {split_root}/{name}/ has no images; add images or remove it"
+        add_class(builder, label, name, files, left_out, empty if split == "train" else "")
+    return built(builder, f"{split_root}/", left_out, "object(s)", stacklevel=6)
+
+
+def class_prefixes(root: storage.Location) -> dict[str, list[str]]:
     """Each split's class prefixes (a delimiter listing each: requests by classes, not objects)."""
     return {
-        split: [name for name in storage.list_dirs(storage.join(root, split)) if not name.startswith(".")]
-        for split in SPLITS
+        split: [name for name in root.join(split).list_dirs() if not name.startswith(".")] for split in SPLITS
     }
 
 
-def remote_classes(root: str, prefixes: dict[str, list[str]] | None = None) -> tuple[str, ...]:
+def remote_classes(root: storage.Location, prefixes: dict[str, list[str]] | None = None) -> tuple[str, ...]:
     """Train's class prefixes (the label map); a val class that train lacks is an error.
     `prefixes`: each split's class prefixes, when already listed."""
     prefixes = prefixes or class_prefixes(root)
@@ -90,11 +120,11 @@ def list_classes(file_list: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def class_objects(split_url: str, classes: tuple[str, ...]) -> tuple[list[list[str]], str]:
+def class_objects(split: storage.Location, classes: tuple[str, ...]) -> tuple[list[list[str]], str]:
     """Each class prefix's object names (relative to it) in ImageFolder's order, and one digest
     of every key, size and ETag under them: the start-up check cache's key, carried in the
     Dataset's `sources` (an object replaced under its own name changes its ETag)."""
-    listed = storage.list_many([storage.join(split_url, name) for name in classes])
+    listed = storage.list_many([split.join(name) for name in classes])
     names = [imagefolder_order([key for key, _ in objects]) for objects, _ in listed]
     return names, storage.digest_of([digest for _, digest in listed])
 
@@ -113,7 +143,7 @@ def cached_note(listed_at: float, path: Path) -> str:
     return f"the cached listing made at {when} ({path}; remove it, or set {RELIST_ENV}=1, to list again)"
 
 
-def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
+def list_root(root: storage.Location, *, reuse: bool, dist: DistInfo | None = None) -> Listed:
     """List the prefix's classes, object names and digests, and cache them for the node.
 
     A new run lists every object, so it trains on the store as it is now (an object added,
@@ -133,17 +163,17 @@ def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed
     classes = remote_classes(root, prefixes)
     path = cache_path(root)
     reuse = reuse and os.environ.get(RELIST_ENV) != "1"
-    if reuse and (entry := _load(path, root)) is not None and entry["prefixes"] == prefixes:
+    if reuse and (entry := _load(path, str(root))) is not None and entry["prefixes"] == prefixes:
         return _unpack(entry, cached_note(entry.get("listed_at", 0), path))
     token = _launch_token()
     if dist.local_world_size > 1 and dist.local_rank != 0 and _writable(path.parent):
-        entry = _wait(path, root, token)
+        entry = _wait(path, str(root), token)
         if entry is not None:  # rank 0's, even if the store moved since: the node's ranks agree
             return _unpack(entry)
     names, digests = {}, {}
     for split in SPLITS:
-        names[split], digests[split] = class_objects(storage.join(root, split), classes)
-    entry = {"version": __version__, "root": root, "token": token, "host": socket.gethostname()}
+        names[split], digests[split] = class_objects(root.join(split), classes)
+    entry = {"version": __version__, "root": str(root), "token": token, "host": socket.gethostname()}
     entry["listed_at"] = time.time()
     entry |= {"prefixes": prefixes, "classes": list(classes), "digests": digests}
     # One string a class ("\0" is in no key: XML cannot carry it): a fast load at 1M+ names.
@@ -152,12 +182,12 @@ def list_root(root: str, *, reuse: bool, dist: DistInfo | None = None) -> Listed
     return classes, names, digests, ""
 
 
-def cache_path(root: str) -> Path:
+def cache_path(root: storage.Location) -> Path:
     """The node's listing of `root` at this endpoint (one bucket name, many stores); remove it
     to have a resume list everything again."""
     from stallfree.data.readers.startup_check import cache_dir
 
-    key = hashlib.sha256(storage.identity(root).encode()).hexdigest()[:32]
+    key = hashlib.sha256(root.identity().encode()).hexdigest()[:32]
     return cache_dir() / f"listing-{key}.json.z"
 
 

@@ -46,7 +46,7 @@ def stat_key(paths: Iterable[str | Path], prefix: str = "") -> str:
 
 
 def _named(location: str) -> str:
-    return os.path.realpath(location) if storage.open(location).is_local else location
+    return str(storage.locate(location).resolved())
 
 
 def _state_key(kind: str, listing: Listing, sources: tuple[str, ...], max_pixels: int) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
-import stallfree.data.storage.objects as objects
 from stallfree.data.storage.failures import (
     OUTAGE_ENV,
     NoDataError,
@@ -56,7 +55,7 @@ __all__ = [
     "RangedFile", "Store", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name",
     "configure", "digest_of", "digest_of_listing", "enable_direct", "endpoint_used",
     "exists", "file_path", "identity", "join", "list_dirs", "list_many", "list_objects",
-    "list_prefix", "locate", "member_path", "outage_budget", "read", "read_range", "read_sample",
+    "locate", "member_path", "outage_budget", "read", "read_range", "read_sample",
     "retries", "size", "split_url",
 ]  # fmt: skip
 
@@ -111,17 +110,18 @@ def list_dirs(location: str) -> list[str]:
     return store.list_dirs(key)
 
 
-def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
-    """Every object under a store's prefix: ([(name, size)], digest of keys, sizes and tags)."""
-    return objects.list_prefix(url)
+def list_many(locations: list[Location], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
+    """Everything under each location (class prefixes, say), `threads` listings in flight: for
+    each, ([(name relative to it, size)], a digest of the names, sizes and version tags)."""
 
+    def listed(location: Location) -> tuple[list[tuple[str, int]], str]:
+        found = location.list_objects()
+        return [(name, size) for name, (size, _) in found.items()], digest_of_listing(location, found)
 
-def list_many(urls: list[str], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
-    """`list_prefix` of each URL (class prefixes, say), `threads` listings in flight."""
-    if len(urls) <= 1:
-        return [list_prefix(u) for u in urls]
-    with ThreadPoolExecutor(min(threads, len(urls))) as pool:
-        return list(pool.map(list_prefix, urls))
+    if len(locations) <= 1:
+        return [listed(at) for at in locations]
+    with ThreadPoolExecutor(min(threads, len(locations))) as pool:
+        return list(pool.map(listed, locations))
 
 
 def digest_of(parts: list[str]) -> str:

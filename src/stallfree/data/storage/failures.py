@@ -59,3 +59,5 @@ class StoreUnavailableError(StoreError):
 
 class NoDataError(StallfreeError, ValueError):
     """A data root, or a split a root must hold, that is not there: the one start-up check's."""
+
+    same_on_every_rank = True  # a node's ranks see one filesystem: its first rank says it

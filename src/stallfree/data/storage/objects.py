@@ -6,7 +6,6 @@ before StoreUnavailableError; any other failure is final at once, named by its k
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from typing import Any
@@ -196,17 +195,6 @@ def list_dirs(url: str) -> list[str]:
     _, prefixes = request(url.rstrip("/"), "list", True)
     cut = len(split_url(url.rstrip("/") + "/")[2])
     return sorted(p[cut:].rstrip("/") for p in prefixes)
-
-
-def list_prefix(url: str) -> tuple[list[tuple[str, int]], str]:
-    """Every object under the "folder" `url`: ([(name relative to it, size)], digest of the
-    keys, sizes and ETags: what changes when an object is added, replaced or removed)."""
-    objects = list_objects(url)
-    prefix = split_url(url.rstrip("/") + "/")[2]
-    digest = hashlib.sha256()
-    for name, (size, etag) in objects.items():
-        digest.update(f"{prefix}{name}\0{size}\0{etag}\n".encode())
-    return [(name, size) for name, (size, _) in objects.items()], digest.hexdigest()
 
 
 def check_readable(url: str) -> None:

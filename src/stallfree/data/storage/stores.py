@@ -31,8 +31,17 @@ class Store(Protocol):
     # Which readers read it (data/readers/factory.py): "local" walks folders itself, "object"
     # lists prefixes.
     kind: ClassVar[str]
-    # Reader threads `loader.io_depth = "auto"` keeps in flight: a read's latency times the rate.
+    # Reader threads `loader.io_depth = "auto"` keeps in flight. The reads a loader needs in
+    # flight are its rate times a read's latency: ~300 images/s a worker-core at 2 ms (a network
+    # filesystem) is under 1, at 50 ms (an object store far away) 15, at the edge of 16
+    # (benchmarks/RESULTS.md: at +50 ms, 16 left DALI's source 43-61 ms a batch, 64 under 1 ms).
+    # A thread waiting on a socket costs no CPU; reads are bounded by the batches read ahead.
     reads_in_flight: ClassVar[int]
+
+    @property
+    def scheme(self) -> str:
+        """The URL scheme ("s3", "gs", "az"); "" for this machine's filesystem."""
+        ...
 
     def text(self, key: str) -> str:
         """The path or URL that names `key` (what a user writes, and a listing holds)."""
@@ -108,7 +117,8 @@ class LocalStore:
     """This machine's filesystem (a local disk or a mounted network filesystem)."""
 
     kind: ClassVar[str] = "local"
-    reads_in_flight: ClassVar[int] = 16  # ~300 images/s a worker-core at 2 ms (an NFS): under 1
+    reads_in_flight: ClassVar[int] = 16
+    scheme: str = ""
 
     def text(self, key: str) -> str:
         return key
@@ -157,7 +167,7 @@ class ObjectStore:
     """One bucket (an Azure container) of an object store, read with obstore (objects.py)."""
 
     kind: ClassVar[str] = "object"
-    reads_in_flight: ClassVar[int] = 64  # at 50 ms a read (a store far away) 16 left DALI waiting
+    reads_in_flight: ClassVar[int] = 64
     scheme: str
     bucket: str
 
@@ -260,12 +270,10 @@ class Location:
         return Location(self.store, self.store.resolve(self.key))
 
     def check_root(self, fmt: str = "", val_optional: bool = False) -> None:
-        """The one check that a data root is there and holds what format `fmt` needs; once a
-        process (a command checks before torch is imported, the reader again when called alone)."""
-        asked = (self, fmt, val_optional)
-        if asked not in _ROOTS_CHECKED:
-            self.store.check_root(self.key, fmt, val_optional)
-            _ROOTS_CHECKED.add(asked)
+        """The one check that a data root is there and holds what format `fmt` needs (a
+        command makes it before torch is imported; the reader factory again, as it may be
+        called alone: a few stat() calls, or a listing request a split)."""
+        self.store.check_root(self.key, fmt, val_optional)
 
     def open(self) -> RangedFile | LocalFile:
         """A read-only, seekable file with `pread`."""
@@ -296,7 +304,6 @@ def digest_of_listing(location: Location, listed: dict[str, tuple[int, str]]) ->
 
 
 _LOCAL = LocalStore()
-_ROOTS_CHECKED: set[tuple[Location, str, bool]] = set()
 
 
 def locate(text: str | os.PathLike[str]) -> Location:

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from stallfree.data import storage
-from stallfree.data.readers.folders import resolve_dataset
+from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.listing import SPLITS
 from stallfree.data.readers.tarshards import FORMAT, MANIFEST, RangedFile, index_text
