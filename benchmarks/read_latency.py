@@ -66,15 +66,12 @@ SOURCE_CALLS: list[float] = []
 
 
 def _timed(feed: Any) -> Any:
+    from stallfree.train.interval import StepTimer
+
     def timed(self: Any) -> Any:
-        batches = feed(self)
-        while True:
-            started = time.perf_counter()
-            try:
-                item = next(batches)
-            except StopIteration:
-                return
-            SOURCE_CALLS.append(time.perf_counter() - started)
+        timer = StepTimer()  # its wait: the time blocked in next(), the end's call not counted
+        for item in timer.iterate(feed(self)):
+            SOURCE_CALLS.append(timer.lap()[1])  # this call's alone
             yield item
 
     return timed

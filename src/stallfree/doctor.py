@@ -33,17 +33,15 @@ class Check:
     detail: str
     fix: str = ""
 
+    @classmethod
+    def passed_if(cls, check: str, ok: bool, detail: str, fix: str, bad: str = FAIL) -> list[Check]:
+        """The report's line of `check`: OK, else `bad` (FAIL or WARN) with its `fix`."""
+        return [cls(check, OK if ok else bad, detail, "" if ok else fix)]
+
 
 def _python() -> list[Check]:
     ok = sys.version_info >= (3, 10)
-    return [
-        Check(
-            "python",
-            OK if ok else FAIL,
-            platform.python_version(),
-            "" if ok else "stallfree needs Python 3.10 or newer",
-        )
-    ]
+    return Check.passed_if("python", ok, platform.python_version(), "stallfree needs Python 3.10 or newer")
 
 
 def _recipe_writer() -> list[Check]:
@@ -229,14 +227,9 @@ def _mixed_decode(torch: Any, dali: Any) -> list[Check]:
     from stallfree.data.backends.dali_probe import probe_gpu_decode
 
     ok, detail = probe_gpu_decode()
-    return [
-        Check(
-            "mixed decode",
-            OK if ok else FAIL,
-            detail,
-            "" if ok else "install nvjpeg into DALI's tree (see the nvjpeg line)",
-        )
-    ]
+    return Check.passed_if(
+        "mixed decode", ok, detail, "install nvjpeg into DALI's tree (see the nvjpeg line)"
+    )
 
 
 def _shm() -> list[Check]:
@@ -268,15 +261,10 @@ def _cores(torch: Any) -> list[Check]:
         f"{cores} cores for this process ({share}); loader workers/threads -1 -> "
         f"{cpu_workers(-1, per)} per rank with {per} rank(s) on this node"
     )
-    low = gpus and cores // gpus < 4
-    return [
-        Check(
-            "cpu",
-            WARN if low else OK,
-            detail,
-            "few cores per GPU: prefer --loader dali (decode on the GPU)" if low else "",
-        )
-    ]
+    enough = not gpus or cores // gpus >= 4
+    return Check.passed_if(
+        "cpu", enough, detail, "few cores per GPU: prefer --loader dali (decode on the GPU)", WARN
+    )
 
 
 def _cache() -> list[Check]:

@@ -79,3 +79,20 @@ def test_the_recipe_keeps_auto_and_the_record_says_what_it_became(image_root: Pa
     assert (resolved.device, resolved.backend, resolved.io_depth) == ("cpu", choose.CPU_CHOICE, 16)
     assert resolved.precision in ("fp32", "bf16")
     assert Resolved.from_dict(tomllib.loads(resolved.to_toml()), "resolved.toml") == resolved
+
+
+def test_a_loader_needs_its_auto_count_decided_and_its_data(image_root: Path) -> None:
+    """A context's loader is built only once `workers = "auto"` is decided (with_loader_counts),
+    and only from a listed dataset when its backend reads files: a caller skipping either step
+    hears which one, before any loader starts."""
+    from stallfree.parallel import DistInfo
+    from stallfree.train.prepare import prepare_recipe
+
+    undecided = prepare_recipe(small_recipe(image_root, loader={"torch": {"workers": "auto"}}), DistInfo())
+    with pytest.raises(ValueError, match=r'loader.torch.workers = "auto": decide it before building'):
+        undecided.with_dataset().loader("val")
+    unlisted = prepare_recipe(small_recipe(image_root), DistInfo())
+    with pytest.raises(registry.BackendError, match=r"'torch' needs data.root; set --set data.root=PATH"):
+        unlisted.loader("train")
+    with pytest.raises(registry.BackendError, match=r"'torch' needs data.root"):
+        undecided.with_loader_counts()  # "auto" is measured on a loader of the data

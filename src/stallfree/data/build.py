@@ -1,5 +1,6 @@
-"""`build_loader`: a rank's Loader of one split, from a recipe, its dataset and its resolved
-backend (the backend's typed options, "auto" counts already decided by data/autotune.py).
+"""`build_loader`: a rank's Loader of one split, from the `LoaderSpec` its RunContext makes
+(train/prepare.py) and the resolved backend (its typed options, "auto" counts already decided
+by data/autotune.py, which `measure_auto_count` calls).
 
 Kept apart from the contract (data/loader.py) so that the contract imports no orchestration:
 autotune times Loaders, and this module, which calls it, sits above both.
@@ -13,10 +14,7 @@ import torch
 
 from stallfree.data.autotune import asks_auto, tuned_count, tuned_key
 from stallfree.data.loader import Loader, LoaderSpec
-from stallfree.data.readers.folders import Dataset, class_count
-from stallfree.data.registry import BackendError, ResolvedBackend
-from stallfree.parallel import DistInfo
-from stallfree.recipe import Recipe
+from stallfree.data.registry import ResolvedBackend
 
 
 def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -31,70 +29,19 @@ def loader_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def build_loader(
-    recipe: Recipe,
-    split: str,
-    *,
-    device: torch.device,
-    dist: DistInfo,
-    dataset: Dataset | None,
-    backend: ResolvedBackend,
-    precision: str,
-) -> Loader:
-    """Build the backend's loader of `split` ("train" or "val") for this rank from the listed
-    dataset. `backend`: the run's, resolved once, its "auto" count decided (RunContext);
-    `precision`: the run's, "auto" decided (images arrive in its autocast dtype)."""
+def build_loader(spec: LoaderSpec, backend: ResolvedBackend) -> Loader:
+    """Build `backend`'s loader from `spec` (RunContext.loader_spec: one split, this rank, the
+    listed dataset, images in the run's autocast dtype). `backend`: the run's, resolved once,
+    its "auto" count decided (RunContext.with_loader_counts)."""
     if asks_auto(backend):
         raise ValueError(
             f'{tuned_key(backend)} = "auto": decide it before building loaders '
             "(RunContext.with_loader_counts, which stallfree.loader() and every command call)"
         )
-    return backend.build(loader_spec(recipe, split, device, dist, dataset, backend, precision))
+    return backend.build(spec)
 
 
-def measure_auto_count(
-    recipe: Recipe,
-    backend: ResolvedBackend,
-    *,
-    device: torch.device,
-    dist: DistInfo,
-    dataset: Dataset | None,
-    precision: str,
-) -> tuple[int, dict[str, Any] | None]:
-    """The count `workers`/`threads = "auto"` takes for this run (timed on the train split,
-    data/autotune.py), and the figures."""
-    spec = loader_spec(recipe, "train", device, dist, dataset, backend, precision)
+def measure_auto_count(spec: LoaderSpec, backend: ResolvedBackend) -> tuple[int, dict[str, Any] | None]:
+    """The count `workers`/`threads = "auto"` takes for this run, timed on loaders built from
+    `spec` (the train split's; data/autotune.py), and the figures."""
     return tuned_count(spec, backend)
-
-
-def loader_spec(
-    recipe: Recipe,
-    split: str,
-    device: torch.device,
-    dist: DistInfo,
-    dataset: Dataset | None,
-    backend: ResolvedBackend,
-    precision: str,
-) -> LoaderSpec:
-    """What every backend is built from: the recipe's facts and the backend's typed options."""
-    if dataset is None and backend.needs_data:
-        raise BackendError(f"loader backend {backend.name!r} needs data.root; set --set data.root=PATH")
-    return LoaderSpec(
-        split=split,
-        listing=dataset.splits[split] if dataset else None,
-        num_classes=class_count(recipe, dataset),
-        augment=recipe.augment,
-        loader=recipe.loader,
-        batch_size=recipe.train.batch_size,
-        seed=recipe.train.seed,
-        device=device,
-        dtype=loader_dtype(precision, device),
-        channels_last=recipe.train.channels_last,
-        dist=dist,
-        max_pixels=recipe.data.max_pixels,
-        on_error=recipe.data.on_error,
-        synthetic_samples=recipe.data.synthetic_samples,
-        sources=dataset.sources if dataset else (),
-        checked_by=dataset.checked_by if dataset else None,
-        options=backend.options,
-    )

@@ -14,13 +14,13 @@ from typing import Any, cast
 import torch
 
 from stallfree.data import autotune, registry, storage
-from stallfree.data.build import build_loader, measure_auto_count
+from stallfree.data.build import build_loader, loader_dtype, measure_auto_count
 from stallfree.data.choose import resolve_auto
-from stallfree.data.loader import Loader
+from stallfree.data.loader import Loader, LoaderSpec
 from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.folders import Dataset, class_count
 from stallfree.data.readers.inflight import reads_in_flight
-from stallfree.data.registry import ResolvedBackend
+from stallfree.data.registry import BackendError, ResolvedBackend
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
 from stallfree.recipe import Recipe, RecipeError
@@ -81,14 +81,7 @@ class RunContext:
             previous = self.resume.resolved
         count, figures = autotune.chosen_before(previous, backend), None
         if count is None:
-            count, figures = measure_auto_count(
-                self.recipe,
-                backend,
-                device=self.device,
-                dist=self.dist,
-                dataset=self.dataset,
-                precision=self.resolved.precision,
-            )
+            count, figures = measure_auto_count(self.loader_spec("train"), backend)
         elif self.dist.rank == 0:
             LOGGER.info(
                 f"{autotune.tuned_key(backend)} = auto: {count}, as this run chose at "
@@ -118,17 +111,36 @@ class RunContext:
         t = self.recipe.train
         return t.batch_size * t.accum_steps * self.dist.world_size
 
+    def loader_spec(self, split: str) -> LoaderSpec:
+        """What this rank's loader of `split` ("train" or "val") is built from, by any backend:
+        the recipe's facts, the listed dataset, the backend's typed options and the precision
+        as decided (images arrive in its autocast dtype)."""
+        recipe, dataset, backend = self.recipe, self.dataset, self.backend
+        if dataset is None and backend.needs_data:
+            raise BackendError(f"loader backend {backend.name!r} needs data.root; set --set data.root=PATH")
+        return LoaderSpec(
+            split=split,
+            listing=dataset.splits[split] if dataset else None,
+            num_classes=self.num_classes,
+            augment=recipe.augment,
+            loader=recipe.loader,
+            batch_size=recipe.train.batch_size,
+            seed=recipe.train.seed,
+            device=self.device,
+            dtype=loader_dtype(self.resolved.precision, self.device),
+            channels_last=recipe.train.channels_last,
+            dist=self.dist,
+            max_pixels=recipe.data.max_pixels,
+            on_error=recipe.data.on_error,
+            synthetic_samples=recipe.data.synthetic_samples,
+            sources=dataset.sources if dataset else (),
+            checked_by=dataset.checked_by if dataset else None,
+            options=backend.options,
+        )
+
     def loader(self, split: str) -> Loader:
         """This rank's loader of `split`, from the resolved backend."""
-        return build_loader(
-            self.recipe,
-            split,
-            device=self.device,
-            dist=self.dist,
-            dataset=self.dataset,
-            backend=self.backend,
-            precision=self.resolved.precision,
-        )
+        return build_loader(self.loader_spec(split), self.backend)
 
     def facts(self) -> dict[str, Any]:
         """What produced a summary's figures: backend, device, resolved precision, world, batch."""

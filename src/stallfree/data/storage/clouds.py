@@ -153,6 +153,19 @@ def _http(options: dict[str, Any], endpoint: str) -> dict[str, Any]:
     return options
 
 
+def _store(
+    kind: Callable[..., CloudStore],
+    name: str,
+    config: dict[str, Any],
+    options: dict[str, Any],
+    retry: dict[str, Any] | None,
+    endpoint: str,
+) -> CloudStore:
+    """obstore's `kind` store of bucket or container `name`: its `config`, the HTTP client's
+    `options` (plain HTTP where `endpoint`, the URL it is sent to, says so) and `retry`."""
+    return kind(name, config=config, client_options=_http(options, endpoint), retry_config=retry)
+
+
 def _open_s3(
     url: str, bucket: str, endpoint: str, options: dict[str, Any], retry: dict[str, Any] | None
 ) -> CloudStore:
@@ -284,12 +297,7 @@ def _open_gcs(
         )
     if endpoint:
         config["base_url"] = endpoint.rstrip("/")
-    return GCSStore(
-        bucket,
-        config=config,
-        client_options=_http(options, endpoint or _service_account_base_url()),
-        retry_config=retry,
-    )
+    return _store(GCSStore, bucket, config, options, retry, endpoint or _service_account_base_url())
 
 
 def parse_connection_string(text: str) -> dict[str, str]:
@@ -359,12 +367,7 @@ def _open_azure(
         )
     if endpoint:
         config["endpoint"] = endpoint.rstrip("/")
-    return AzureStore(
-        container,
-        config=config,
-        client_options=_http(options, config.get("endpoint", "")),
-        retry_config=retry,
-    )
+    return _store(AzureStore, container, config, options, retry, config.get("endpoint", ""))
 
 
 _OPENERS: dict[str, Callable[[str, str, str, dict[str, Any], dict[str, Any] | None], CloudStore]] = {
