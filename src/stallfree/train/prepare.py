@@ -20,6 +20,7 @@ from stallfree.data.loader import Loader, LoaderSpec
 from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.folders import Dataset, class_count
 from stallfree.data.readers.inflight import reads_in_flight
+from stallfree.data.readers.paths import data_root
 from stallfree.data.registry import BackendError, ResolvedBackend
 from stallfree.log import LOGGER
 from stallfree.parallel import DistInfo
@@ -178,7 +179,7 @@ def prepare_recipe(recipe: Recipe, dist: DistInfo, device: torch.device | None =
         dali_decode=loader.dali.decode,
         micro_batch=recipe.train.micro_batch,
         # which store the run read (no credential)
-        endpoint_url=recipe.data.endpoint_url or storage.endpoint_used(recipe.data.root),
+        endpoint_url=recipe.data.endpoint_url or storage.endpoint_used(data_root(recipe.data)),
         # a plug-in's options with their defaults filled in: every value used
         plugin=dataclasses.asdict(plugin) if plugin is not None else {},
     )

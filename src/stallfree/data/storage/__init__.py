@@ -26,7 +26,6 @@ from stallfree.data.storage.locations import (
     base_name,
     join,
     member_path,
-    scheme_of,
     split_url,
 )
 from stallfree.data.storage.ranged import RangedFile
@@ -135,10 +134,10 @@ def identity(location: str) -> str:
     return locate(location).identity()
 
 
-def endpoint_used(location: str) -> str:
+def endpoint_used(location: Location) -> str:
     """The endpoint URL a run from `location` reads from, to record with the run: "" for a
     local path or a cloud's own endpoint; no user or password part, never a credential."""
-    if scheme_of(location) != "s3":
+    if location.store.scheme != "s3":
         return ""
     from urllib.parse import urlsplit, urlunsplit
 
