@@ -40,10 +40,10 @@ def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(t
     report = check_dataset(tmp_path, workers=2, progress=False)
     from stallfree.data.tools.check import kind_of
 
-    found = {str(p.relative_to(tmp_path)): kind_of(reason) for p, reason in report.bad}
+    found = {str(Path(p).relative_to(tmp_path)): kind_of(reason) for p, reason in report.bad}
     assert found == {name: kind for name, kind in expected.items() if kind}
     listed = {line for line in report.clean_list().splitlines() if not line.startswith("#")}
-    assert listed == {str(p.relative_to(tmp_path)) for p in report.good}
+    assert listed == {str(Path(p).relative_to(tmp_path)) for p in report.good}
     assert "train/a/grey16.png" in listed and "train/a/bomb.jpg" not in listed
 
 

@@ -202,3 +202,24 @@ def test_a_shard_replaced_in_the_store_is_checked_again_at_start(
     key = shard.relative_to(local).as_posix()
     s3_server.client().put_object(Bucket=BUCKET, Key=f"replaced-{kind}/{key}", Body=bytes(data))
     assert [p.rpartition("::")[2].rsplit(":", 2)[0] for p in bad_at_start()] == [image.name]
+
+
+@pytest.mark.parametrize("kind", ["packed", "foreign"])
+def test_data_check_reads_the_shards_of_the_store_as_the_local_copys(
+    s3_server, packed: Path, foreign: Path, kind: str
+) -> None:
+    """The same shards in a store and on disk give `data check` the same shards in order,
+    sample tails, labels and classes: the readers ask the root's store, not "local or not"."""
+    from stallfree.data import storage
+    from stallfree.data.readers import tarshards, webdataset
+
+    reader = tarshards if kind == "packed" else webdataset
+    local = packed if kind == "packed" else foreign
+    url = upload_tree(s3_server.client(), local, BUCKET, f"same-{kind}")
+    (mine, on_disk), (theirs, in_store) = (reader.samples_by_shard(storage.locate(r)) for r in (local, url))
+
+    def seen(shards: list[tarshards.ShardSamples], root: str | Path) -> list[tuple[object, ...]]:
+        return [(s.split, str(s.shard).removeprefix(f"{root}/"), s.tails, s.labels, s.error) for s in shards]
+
+    assert theirs == mine and len(on_disk) > 2 and all(s.tails and not s.error for s in on_disk)
+    assert seen(in_store, url) == seen(on_disk, local)

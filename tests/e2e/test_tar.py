@@ -13,6 +13,7 @@ import torch
 from helpers import build_loader, small_recipe
 
 from stallfree.cli import main
+from stallfree.data import storage
 from stallfree.data.readers.tarshards import read_index
 from stallfree.data.tools.pack import write_index
 from stallfree.parallel import DistInfo
@@ -104,7 +105,7 @@ def test_unsafe_members_are_never_read(tmp_path: Path) -> None:
         link_cls.size = 1
         tar.addfile(link_cls, io.BytesIO(b"0"))
     write_index(shard)
-    assert [entry[0] for entry in read_index(shard)] == ["ok.jpg"]
+    assert [entry[0] for entry in read_index(storage.locate(shard))] == ["ok.jpg"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.idx", "evil.tar"]  # nothing extracted
 
 

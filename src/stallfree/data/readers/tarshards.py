@@ -10,7 +10,6 @@ people's WebDataset shards (no manifest) are read by `webdataset.py` into the sa
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cached_check, stat_key
-from stallfree.data.storage import RangedFile
+from stallfree.data.storage import Location
 
 # The format `stallfree data pack` writes and this module reads.
 MANIFEST = "manifest.json"
@@ -44,7 +43,7 @@ class ShardSamples:
     tails) and labels, or the error that names why it cannot be read (then none)."""
 
     split: str
-    shard: str | Path
+    shard: Location
     tails: list[str]
     labels: list[int]
     error: ShardError | None = None
@@ -89,21 +88,21 @@ def parse_index(text: str, where: str) -> list[Entry]:
     return entries
 
 
-def _index_of(shard: str | Path) -> str:
-    return str(shard).rpartition(".")[0] + ".idx"
+def _index_of(shard: Location) -> Location:
+    return Location(shard.store, shard.key.rpartition(".")[0] + ".idx")
 
 
-def read_index(shard: str | Path) -> list[Entry]:
-    """The samples listed by the .idx next to `shard` (a path or an s3:// URL)."""
+def read_index(shard: Location) -> list[Entry]:
+    """The samples listed by the .idx next to `shard` (a file, or an object in a store)."""
     index = _index_of(shard)
-    if not storage.exists(index):
+    if not index.exists():
         raise ShardError(
             f"{index} does not exist; shards need the index `stallfree data pack` writes next to them"
         )
-    return parse_index(storage.read(index).decode(errors="replace"), index)
+    return parse_index(index.read().decode(errors="replace"), str(index))
 
 
-def _check_placement(shard: str, entries: list[Entry], size: int) -> None:
+def _check_placement(shard: Location, entries: list[Entry], size: int) -> None:
     """Every member inside the tar, on a block boundary, in order: cheap, at every start."""
     end = 0
     for name, *spans in entries:
@@ -116,10 +115,10 @@ def _check_placement(shard: str, entries: list[Entry], size: int) -> None:
             end = offset + length
 
 
-def _load_manifest(root: str) -> dict[str, Any]:
-    path = storage.join(root, MANIFEST)
+def _load_manifest(root: Location) -> dict[str, Any]:
+    path = root.join(MANIFEST)
     try:
-        manifest = json.loads(storage.read(path))
+        manifest = json.loads(path.read())
     except ValueError as exc:
         raise ShardError(
             f"{path} is not valid JSON ({exc}); it is written last by "
@@ -139,37 +138,31 @@ def _load_manifest(root: str) -> dict[str, Any]:
     return manifest
 
 
-def _sizes(root: str) -> tuple[dict[str, int] | None, str]:
-    """({name: bytes} of every object right under an s3:// root: one listing, not a HEAD per
-    shard; and the digest of its names, sizes and ETags), or (None, "") for a local folder."""
-    if storage.open(root).is_local:
-        return None, ""
-    objects, digest = storage.list_prefix(root)
-    return {name: size for name, size in objects if "/" not in name}, digest
+def _sizes(root: Location) -> tuple[dict[str, int], str]:
+    """({name: bytes} of every file or object right under the root: one listing, not a stat
+    or HEAD per shard; and the digest of their names, sizes and version tags)."""
+    listed = root.list_objects(shallow=True)
+    return {name: size for name, (size, _) in listed.items()}, storage.digest_of_listing(root, listed)
 
 
 def _split_entries(
-    root: str, split: str, info: dict[str, Any], classes: int, sizes: dict[str, int] | None
-) -> list[tuple[str, list[Entry], list[int]]]:
+    root: Location, split: str, info: dict[str, Any], classes: int, sizes: dict[str, int]
+) -> list[tuple[Location, list[Entry], list[int]]]:
     """Each shard of a split with its index entries and their manifest labels, checked cheaply."""
     return [_shard_entries(root, split, s, info["labels"], classes, sizes) for s in info["shards"]]
 
 
 def _shard_entries(
-    root: str,
+    root: Location,
     split: str,
     shard_info: dict[str, Any],
     labels: list[Any],
     classes: int,
-    sizes: dict[str, int] | None,
-) -> tuple[str, list[Entry], list[int]]:
+    sizes: dict[str, int],
+) -> tuple[Location, list[Entry], list[int]]:
     """One shard of the manifest with its index entries and their labels, checked cheaply."""
-    name = Path(shard_info["name"]).name  # a name, never a path out of root
-    shard = storage.join(root, name)
-    if sizes is not None:
-        size = sizes.get(name)
-    else:
-        size = os.stat(shard).st_size if os.path.isfile(shard) else None
+    shard = _shard_of(root, shard_info)
+    size = sizes.get(shard.name)
     if size is None:
         raise ShardError(f"{shard} is missing ({MANIFEST} lists it)")
     if size != shard_info.get("bytes"):
@@ -195,11 +188,14 @@ def _shard_entries(
     return shard, entries, shard_labels
 
 
-def samples_by_shard(root_text: str) -> tuple[tuple[str, ...], list[ShardSamples]]:
+def _shard_of(root: Location, shard_info: dict[str, Any]) -> Location:
+    return root.join(Path(shard_info["name"]).name)  # a name, never a path out of root
+
+
+def samples_by_shard(root: Location) -> tuple[tuple[str, ...], list[ShardSamples]]:
     """Our shards at ROOT one by one (`data check`): (the classes, each shard's samples or its
     error, with every member's header and `.cls` read back), so that one bad shard spoils only
     itself. A manifest that cannot be read raises."""
-    root = str(Path(root_text)) if storage.open(root_text).is_local else root_text.rstrip("/")
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
     sizes, _ = _sizes(root)
@@ -213,12 +209,9 @@ def samples_by_shard(root_text: str) -> tuple[tuple[str, ...], list[ShardSamples
                 )
                 verify_members(shard, entries, labels)
             except ShardError as exc:
-                out.append(
-                    ShardSamples(split, storage.join(root, Path(shard_info["name"]).name), [], [], exc)
-                )
+                out.append(ShardSamples(split, _shard_of(root, shard_info), [], [], exc))
                 continue
-            name = shard.rpartition("/")[2]
-            tails = [storage.member_path(name, n, o, s) for n, o, s, _, _ in entries]
+            tails = [storage.member_path(shard.name, n, o, s) for n, o, s, _, _ in entries]
             out.append(ShardSamples(split, shard, tails, labels))
     return classes, out
 
@@ -229,23 +222,22 @@ def _member_name(header: bytes) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def _verify_all(checked: list[tuple[str, list[Entry], list[int]]]) -> None:
+def _verify_all(checked: list[tuple[Location, list[Entry], list[int]]]) -> None:
     """`verify_members` of each (shard, entries, labels)."""
     for item in checked:
         verify_members(*item)
 
 
-def verify_members(shard: str | Path, entries: list[Entry], labels: list[int]) -> None:
-    """Read each member's tar header back (name, place) and each .cls against its label."""
-    if not storage.open(str(shard)).is_local:
-        _verify(str(shard), RangedFile(str(shard)).pread, entries, labels)
-        return
-    with open(shard, "rb") as f:
-        fd = f.fileno()
-        _verify(str(shard), lambda length, offset: os.pread(fd, length, offset), entries, labels)
+def verify_members(shard: Location, entries: list[Entry], labels: list[int]) -> None:
+    """Read each member's tar header back (name, place) and each .cls against its label (in a
+    store: large ranged GETs, one window at a time, never the whole shard held)."""
+    with shard.open() as f:
+        _verify(shard, f.pread, entries, labels)
 
 
-def _verify(shard: str, pread: Callable[[int, int], bytes], entries: list[Entry], labels: list[int]) -> None:
+def _verify(
+    shard: Location, pread: Callable[[int, int], bytes], entries: list[Entry], labels: list[int]
+) -> None:
     for (name, offset, _, cls_offset, cls_size), label in zip(entries, labels, strict=True):
         for member, at in ((name, offset), (name.rpartition(".")[0] + ".cls", cls_offset)):
             if _member_name(pread(BLOCK, at - BLOCK)) != member:
@@ -275,7 +267,7 @@ def index_text(shard: Path) -> str:
     return f"v1.2 {len(samples)}\n" + "".join(" ".join(s) + "\n" for s in samples)
 
 
-def resolve_shards(root_text: str) -> Dataset:
+def resolve_shards(root: Location) -> Dataset:
     """Our shards at ROOT (with manifest.json; a folder or an s3:// prefix) as a Dataset.
 
     Every start checks what is cheap (each shard's size and sample count against the manifest,
@@ -286,34 +278,24 @@ def resolve_shards(root_text: str) -> Dataset:
     seeded permutation visits a random shard per sample, so a cache that does not hold the whole
     dataset fetches a whole shard for about one sample (benchmarks/RESULTS.md, s3_shard_reads).
     """
-    root = str(Path(root_text)) if storage.open(root_text).is_local else root_text.rstrip("/")
     manifest = _load_manifest(root)
     classes = tuple(manifest["classes"])
     splits, sources = {}, []
-    checked: list[tuple[str, list[Entry], list[int]]] = []
+    checked: list[tuple[Location, list[Entry], list[int]]] = []
     sizes, digest = _sizes(root)
     for split in SPLITS:
-        builder = ListingBuilder(root + "/", classes)
+        builder = ListingBuilder(f"{root}/", classes)
         info = manifest["splits"][split]
         for shard, entries, labels in _split_entries(root, split, info, len(classes), sizes):
-            sources.append(shard)
+            sources.append(str(shard))
             checked.append((shard, entries, labels))
-            name = shard.rpartition("/")[2]
-            builder.add([storage.member_path(name, n, o, s) for n, o, s, _, _ in entries], labels)
+            builder.add([storage.member_path(shard.name, n, o, s) for n, o, s, _, _ in entries], labels)
         if not len(builder):
             raise ShardError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
-    cached_check("shards", _state_key(root, sources, digest), lambda: _verify_all(checked))
-    # In a store no shard has a time to stat: the listing's digest (names, sizes, ETags) stands
-    # for it in the start-up checks' cache key, so a shard replaced in place is checked again.
-    state = (f"{root}#keys={digest}",) if digest else ()
-    return Dataset(root=root, classes=classes, splits=splits, sources=(*sources, *state))
-
-
-def _state_key(root: str, shards: list[str], digest: str) -> str:
-    """Once per dataset state: the shards', indexes' and manifest's sizes and times (locally),
-    or their names, sizes and ETags (in a store, where an object has no time to stat)."""
-    if not storage.open(root).is_local:
-        return stat_key([], f"{root} {digest}")
-    files = [Path(root) / MANIFEST, *(p for s in shards for p in (Path(s), Path(_index_of(s))))]
-    return stat_key(str(p.resolve()) for p in files)
+    # Once per dataset state: the listing's digest (the shards', indexes' and manifest's names,
+    # sizes and times or ETags; an object has no time to stat) stands for it in the cache key.
+    cached_check("shards", stat_key([], f"{root.identity()} {digest}"), lambda: _verify_all(checked))
+    # ...and in the start-up checks' key, so a shard replaced in place is checked again.
+    state = f"{root}#keys={digest}"
+    return Dataset(root=str(root), classes=classes, splits=splits, sources=(*sources, state))

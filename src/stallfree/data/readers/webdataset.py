@@ -20,7 +20,8 @@ from stallfree.data import storage
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS
 from stallfree.data.readers.listing import SPLITS, Dataset, DatasetError, ListingBuilder
 from stallfree.data.readers.startup_check import cache_dir, stat_key, write_cache_file
-from stallfree.data.readers.tarshards import Entry, RangedFile, ShardError, ShardSamples
+from stallfree.data.readers.tarshards import Entry, ShardError, ShardSamples
+from stallfree.data.storage import LocalFile, Location, RangedFile
 from stallfree.errors import some_of
 
 # webdataset.tariterators (1.0), copied so the grouping is exactly its own: a member's key is
@@ -49,60 +50,44 @@ _MAGIC = {
 _WHY_PLAIN = "stallfree reads samples in place by offset, which needs a plain (uncompressed) tar"
 
 
-# A foreign root's shards: local paths, or s3:// URLs with their (size, ETag) from one listing.
-Shard = Path | str
+# What is right under a foreign root and its train/ and val/: {name relative to the root:
+# (size, version tag)}, one shallow listing each.
+Listed = dict[str, tuple[int, str]]
 
 
-def _listing(root: str) -> dict[str, tuple[int, str]]:
-    """The objects right under an s3:// root and its train/ and val/, {name relative to the
-    root: (size, ETag)}: where shards can be, listed without walking anything deeper (an
-    ImageFolder's class prefixes, when `data check` asks whether ROOT holds shards)."""
-    found = storage.list_objects(root, shallow=True)
+def _listing(root: Location) -> Listed:
+    """The files or objects right under ROOT and its train/ and val/: where shards can be,
+    listed without walking anything deeper (an ImageFolder's class folders, when `data check`
+    asks whether ROOT holds shards)."""
+    found = root.list_objects(shallow=True)
     for split in SPLITS:
-        found |= {
-            f"{split}/{k}": v
-            for k, v in storage.list_objects(storage.join(root, split), shallow=True).items()
-        }
+        found |= {f"{split}/{k}": v for k, v in root.join(split).list_objects(shallow=True).items()}
     return found
 
 
-def _shard_files(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None = None) -> list[Shard]:
+def _shard_files(root: Location, split: str, listed: Listed | None = None) -> list[Location]:
     """The split's shard files, plain and compressed: ROOT/SPLIT/*, else ROOT/SPLIT*."""
     suffixes = (".tar", *_COMPRESSED_NAMES)
-    if isinstance(root, str) and not storage.open(root).is_local:
-        names = _listing(str(root)) if listed is None else listed
-        inside = any(name.startswith(f"{split}/") for name in names)
-        prefix = f"{split}/" if inside else split
-        return [
-            storage.join(str(root), name)
-            for name in sorted(names)
-            if name.startswith(prefix)
-            and "/" not in name[len(prefix) if inside else 0 :]
-            and not name.rpartition("/")[2].startswith(".")
-            and name.endswith(suffixes)
-        ]
-    root = Path(root)
-    place, prefix = (root / split, "") if (root / split).is_dir() else (root, split)
-    if not place.is_dir():
-        return []
-    return sorted(
-        p
-        for p in place.iterdir()
-        if p.name.startswith(prefix) and not p.name.startswith(".") and p.name.endswith(suffixes)
-    )
+    names = _listing(root) if listed is None else listed
+    inside = any(name.startswith(f"{split}/") for name in names)
+    prefix = f"{split}/" if inside else split
+    return [
+        root.join(name)
+        for name in sorted(names)
+        if name.startswith(prefix)
+        and "/" not in name[len(prefix) if inside else 0 :]
+        and not name.rpartition("/")[2].startswith(".")
+        and name.endswith(suffixes)
+    ]
 
 
-def is_shard_folder(root: Shard) -> bool:
-    """Whether ROOT (a folder or an s3:// prefix) holds train shards rather than class folders."""
+def is_shard_folder(root: Location) -> bool:
+    """Whether ROOT (a folder or a store's prefix) holds train shards rather than class folders."""
     return bool(_shard_files(root, "train"))
 
 
-def _name(shard: Shard) -> str:
-    return shard.name if isinstance(shard, Path) else shard.rpartition("/")[2]
-
-
-def _refuse_compressed(shard: Shard) -> None:
-    suffix = next((s for s in _COMPRESSED_NAMES if _name(shard).endswith(s)), None)
+def _refuse_compressed(shard: Location) -> None:
+    suffix = next((s for s in _COMPRESSED_NAMES if shard.name.endswith(s)), None)
     if suffix:
         raise ShardError(
             f"{shard} is a compressed shard; {_WHY_PLAIN}: decompress it in "
@@ -110,7 +95,7 @@ def _refuse_compressed(shard: Shard) -> None:
         )
 
 
-def _split_shards(root: Shard, split: str, listed: dict[str, tuple[int, str]] | None) -> list[Shard]:
+def _split_shards(root: Location, split: str, listed: Listed) -> list[Location]:
     shards = _shard_files(root, split, listed)
     for shard in shards:
         _refuse_compressed(shard)
@@ -122,7 +107,7 @@ def _split_shards(root: Shard, split: str, listed: dict[str, tuple[int, str]] | 
     return shards
 
 
-def _open_tar(shard: Shard, f: BinaryIO) -> tarfile.TarFile:
+def _open_tar(shard: Location, f: BinaryIO) -> tarfile.TarFile:
     """The shard opened as a plain tar, or a one-line ShardError saying what it is instead."""
     head = f.read(8)
     f.seek(0)
@@ -145,16 +130,14 @@ def _open_tar(shard: Shard, f: BinaryIO) -> tarfile.TarFile:
 Groups = tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], dict[int, bytes]]
 
 
-def _group(shard: Shard, size: int) -> Groups:
+def _group(shard: Location, size: int) -> Groups:
     """The shard's samples as webdataset groups them, read front to back once (in a store: in
     large ranged GETs), the `.cls` members' bytes read on the way."""
-    if isinstance(shard, Path):
-        with open(shard, "rb") as f:
-            return _walk(shard, f, size)
-    return _walk(shard, RangedFile(shard, size), size)
+    with shard.open() as f:
+        return _walk(shard, f, size)
 
 
-def _walk(shard: Shard, f: BinaryIO | RangedFile, size: int) -> Groups:
+def _walk(shard: Location, f: LocalFile | RangedFile, size: int) -> Groups:
     samples: list[tuple[str, dict[str, tarfile.TarInfo]]] = []
     texts: dict[int, bytes] = {}
     try:
@@ -199,7 +182,7 @@ def _image_ext(field: str) -> bool:
     return f".{field}" in IMAGE_EXTENSIONS
 
 
-def _entries(shard: Shard, groups: Groups) -> tuple[list[Entry], list[str]]:
+def _entries(shard: Location, groups: Groups) -> tuple[list[Entry], list[str]]:
     """(image member, offset, size, .cls offset, .cls size) per sample, and the keys of samples
     with a .cls but no image of an accepted type (left out, to be named)."""
     entries: list[Entry] = []
@@ -225,11 +208,11 @@ def _entries(shard: Shard, groups: Groups) -> tuple[list[Entry], list[str]]:
                 f"and {len(images)} images; each sample needs one of each"
             )
         elif cls is not None:
-            left_out.append(f"{_name(shard)}::{key}")
+            left_out.append(f"{shard.name}::{key}")
     return entries, left_out
 
 
-def _labels(shard: Shard, entries: list[Entry], texts: dict[int, bytes]) -> list[int]:
+def _labels(shard: Location, entries: list[Entry], texts: dict[int, bytes]) -> list[int]:
     labels = []
     for name, _, _, cls_offset, _ in entries:
         text = texts[cls_offset].decode(errors="replace").strip()
@@ -253,16 +236,11 @@ def _cached(cache: Path) -> tuple[list[Entry], list[int], list[str]] | None:
     return (entries, labels, left_out) if len(entries) == len(labels) else None
 
 
-def shard_samples(
-    shard: Shard, state: tuple[int, str] | None = None
-) -> tuple[list[Entry], list[int], list[str]]:
+def shard_samples(shard: Location, state: tuple[int, str]) -> tuple[list[Entry], list[int], list[str]]:
     """A foreign shard's samples, labels and left-out keys, read from the tar once, then cached
-    (keyed by the file's size and time, or an object's URL, size and ETag: its `state`)."""
-    if isinstance(shard, Path):
-        key, size = stat_key([str(shard.resolve())], _CACHE_FORMAT), shard.stat().st_size
-    else:
-        size, etag = state if state is not None else (storage.size(shard), "")
-        key = stat_key([], f"{_CACHE_FORMAT} {shard} {size} {etag}")
+    (keyed by where it is and its `state` as listed: its size and time, or an object's ETag)."""
+    size, tag = state
+    key = stat_key([], f"{_CACHE_FORMAT} {shard.identity()} {size} {tag}")
     cache = cache_dir() / "wds" / f"{key}.json"
     if (saved := _cached(cache)) is not None:
         return saved
@@ -274,27 +252,21 @@ def shard_samples(
     return entries, labels, left_out
 
 
-def _tail(root: Shard, shard: Shard) -> str:
+def _tail(root: Location, shard: Location) -> str:
     """The shard's path relative to the root (what a sample's reference starts with)."""
-    if isinstance(shard, Path):
-        return str(shard.relative_to(root))
-    return shard[len(str(root)) + 1 :]
+    return shard.key.removeprefix(f"{root.key.rstrip('/')}/") if root.key else shard.key
 
 
-def samples_by_shard(root_text: str | Path) -> tuple[tuple[str, ...], list[ShardSamples]]:
+def samples_by_shard(root: Location) -> tuple[tuple[str, ...], list[ShardSamples]]:
     """Foreign shards at ROOT one by one (`data check`): (the classes, by their number, each
     shard's samples or its error), so that one bad shard spoils only itself."""
-    in_store = not storage.open(str(root_text)).is_local
-    root: Shard = str(root_text).rstrip("/") if in_store else Path(root_text)
-    listed = _listing(str(root)) if isinstance(root, str) else None
+    listed = _listing(root)
     out = []
     for split in SPLITS:
         for shard in _shard_files(root, split, listed):
             try:
                 _refuse_compressed(shard)
-                entries, labels, _ = shard_samples(
-                    shard, None if listed is None else listed[_tail(root, shard)]
-                )
+                entries, labels, _ = shard_samples(shard, listed[_tail(root, shard)])
             except ShardError as exc:
                 out.append(ShardSamples(split, shard, [], [], exc))
                 continue
@@ -304,16 +276,14 @@ def samples_by_shard(root_text: str | Path) -> tuple[tuple[str, ...], list[Shard
     return tuple(str(i) for i in range(top + 1)), out
 
 
-def resolve_foreign(root_text: str | Path) -> Dataset:
-    """WebDataset shards under ROOT (a folder or an s3:// prefix) as a Dataset (classes 0..max
+def resolve_foreign(root: Location) -> Dataset:
+    """WebDataset shards under ROOT (a folder or a store's prefix) as a Dataset (classes 0..max
     label of train, named by their number): from a store, the samples, labels and order of a
     local copy."""
-    in_store = not storage.open(str(root_text)).is_local
-    root: Shard = str(root_text).rstrip("/") if in_store else Path(root_text)
-    listed = _listing(str(root)) if isinstance(root, str) else None
+    listed = _listing(root)
     found = {
         split: [
-            (shard, *shard_samples(shard, None if listed is None else listed[_tail(root, shard)]))
+            (shard, *shard_samples(shard, listed[_tail(root, shard)]))
             for shard in _split_shards(root, split, listed)
         ]
         for split in SPLITS
@@ -331,7 +301,7 @@ def resolve_foreign(root_text: str | Path) -> Dataset:
     classes = tuple(str(i) for i in range(max(train_labels) + 1))
     splits = {}
     for split in SPLITS:
-        builder = ListingBuilder(str(root) + "/", classes)
+        builder = ListingBuilder(f"{root}/", classes)
         for shard, entries, labels, _ in found[split]:
             if labels and max(labels) >= len(classes):
                 raise ShardError(
@@ -344,10 +314,8 @@ def resolve_foreign(root_text: str | Path) -> Dataset:
         if not len(builder):
             raise DatasetError(f"{root}: the {split} shards hold no samples")
         splits[split] = builder.build()
-    # In a store, a shard's ETag stands for the time a local file has (start-up check caches).
-    sources = tuple(
-        str(shard) if listed is None else f"{shard}#etag={listed[_tail(root, shard)][1]}"
-        for split in SPLITS
-        for shard, *_ in found[split]
-    )
+    # The listing's digest (every shard's size and time, or ETag: an object has no time to
+    # stat) keys the start-up checks' cache, so a shard replaced in place is checked again.
+    state = f"{root}#keys={storage.digest_of_listing(root, listed)}"
+    sources = (*(str(shard) for split in SPLITS for shard, *_ in found[split]), state)
     return Dataset(root=str(root), classes=classes, splits=splits, sources=sources)

@@ -10,6 +10,7 @@ are (shards by ranged GETs), and each bad one is named by its URL.
 from __future__ import annotations
 
 import json
+import os
 import time
 import warnings
 from collections import Counter
@@ -22,6 +23,7 @@ from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.readers.listing import SPLITS, DatasetError
 from stallfree.data.readers.webdataset import is_shard_folder
+from stallfree.data.storage import Location
 from stallfree.data.tools.pack import file_sha256
 from stallfree.parallel import cpu_cores
 from stallfree.recipe import DEFAULT_MAX_PIXELS
@@ -59,28 +61,23 @@ def kind_of(reason: str) -> str:
     return next((kind for needle, kind in rules if needle in text), "decode error")
 
 
-# A checked file: a local path, or a store's URL (which a Path would spoil: "s3:/b/k").
-Where = Path | str
-
-
-def _relative(path: Where, root: Where) -> str:
-    if isinstance(root, Path):
-        return str(Path(path).relative_to(root))
-    return str(path)[len(root) + 1 :]
+def _relative(path: str, root: Location) -> str:
+    return path[len(str(root)) + 1 :]
 
 
 @dataclass(slots=True)
 class CheckReport:
-    """What a check found: good files, bad files with reasons, counts by class and by kind."""
+    """What a check found: good files, bad files with reasons, counts by class and by kind.
+    A file or shard is named by its path or URL (text, as a listing holds it)."""
 
-    root: Where
-    good: list[Where] = field(default_factory=list)
-    bad: list[tuple[Where, str]] = field(default_factory=list)
+    root: Location
+    good: list[str] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
     per_class: Counter[str] = field(default_factory=Counter)
     per_class_bad: Counter[str] = field(default_factory=Counter)
     # Shards (a shard root's): how many, and each one that is not whole with a line naming it.
     shards: int = 0
-    bad_shards: list[tuple[Where, str]] = field(default_factory=list)
+    bad_shards: list[tuple[str, str]] = field(default_factory=list)
     unreadable_shards: int = 0  # of the bad ones: those whose samples could not be listed
     seconds: float = 0.0
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -96,44 +93,45 @@ class CheckReport:
         # the same ones needs no header check at start (data/readers/folders.py reads it back).
         # The root resolved: the list vouches for that folder's files, not a copy's.
         head = (
-            f"# stallfree data check {_resolved(self.root)}: {len(lines)} good files "
+            f"# stallfree data check {self.root.resolved()}: {len(lines)} good files "
             f"(stallfree {rules_id()}, max_pixels {self.max_pixels})"
         )
         return head + "\n" + "\n".join(lines) + "\n"
 
 
-def _resolved(root: Where) -> Where:
-    return root.resolve() if isinstance(root, Path) else root
-
-
-def _class_of(path: Where, root: Where) -> str:
+def _class_of(path: str, root: Location) -> str:
     split, name = _relative(path, root).split("/")[:2]  # SPLIT/CLASS/[SUB/...]FILE
     return f"{split}/{name}"
 
 
-def _files(root: Where) -> list[Where]:
+def _files(root: Location) -> list[str]:
+    """Every file under ROOT/{train,val}/<class>/ in the order training lists them, listed as
+    the reader of its store lists them (a folder walked, a store's prefixes listed)."""
+    return _LISTERS[root.store.kind](root)
+
+
+def _folder_files(root: Location) -> list[str]:
     """Every file under ROOT/{train,val}/<class>/, sub-folders included, as the loaders list
     them (data/readers/folders.py: `class_files`; hidden ones aside, dangling links named)."""
-    if isinstance(root, str):
-        return _objects(root)
-    found: list[Where] = []
+    found: list[str] = []
     for split in SPLITS:
-        split_dir = root / split
-        if not split_dir.is_dir():
+        split_dir = root.join(split)
+        path = split_dir.folder("walked as a folder")  # `_LISTERS` sends only folders here
+        if not path.is_dir():
             raise DatasetError(f"{split_dir} does not exist; expected {root}/{split}/<class>/<image>")
-        for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
-            found += [folder / name for name in class_files(folder)[0]]
+        for folder in sorted(p for p in path.iterdir() if p.is_dir()):
+            found += [str(split_dir.join(folder.name, name)) for name in class_files(folder)[0]]
     return found
 
 
-def _objects(root: str) -> list[Where]:
-    """Every object under ROOT/{train,val}/<class>/ of an s3:// root, in the order training
+def _objects(root: Location) -> list[str]:
+    """Every object under ROOT/{train,val}/<class>/ of a store's prefix, in the order training
     lists them (data/readers/remote.py), non-images too (to be named)."""
     from stallfree.data.readers.remote import class_objects, class_prefixes
 
-    found: list[Where] = []
-    for split, prefixes in class_prefixes(root).items():
-        split_url = storage.join(root, split)
+    found: list[str] = []
+    for split, prefixes in class_prefixes(str(root)).items():
+        split_url = str(root.join(split))
         classes = tuple(prefixes)
         if not classes:
             raise DatasetError(f"{split_url}/ has no class prefixes; expected {split_url}/<class>/<image>")
@@ -144,18 +142,19 @@ def _objects(root: str) -> list[Where]:
     return found
 
 
-def _is_shards(root: Where) -> bool:
-    if isinstance(root, Path):
-        return (root / "manifest.json").is_file() or is_shard_folder(root)
-    return storage.exists(storage.join(root, "manifest.json")) or is_shard_folder(root)
+_LISTERS = {storage.LocalStore.kind: _folder_files, storage.ObjectStore.kind: _objects}
 
 
-def _suffix(path: Where) -> str:
-    return Path(str(path).rpartition("/")[2]).suffix.lower()
+def _is_shards(root: Location) -> bool:
+    return root.join("manifest.json").exists() or is_shard_folder(root)
+
+
+def _suffix(path: str) -> str:
+    return Path(path.rpartition("/")[2]).suffix.lower()
 
 
 def check_dataset(
-    root: str | Path,
+    root: str | os.PathLike[str],
     *,
     workers: int = -1,
     max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -166,12 +165,10 @@ def check_dataset(
     `workers` processes (or, for tar shards, check them whole: see `check_shards`).
     `endpoint_url`: an s3:// root's endpoint, as a recipe's data.endpoint_url."""
     storage.configure(endpoint_url)
-    in_store = not storage.open(str(root)).is_local
-    where: Where = str(root).rstrip("/") if in_store else Path(root)
-    if isinstance(where, Path):
-        _name_interrupted_pack(where)
-    else:  # as train starts: a wrong endpoint, bucket or key pair in one line, not the outage wait
-        storage.check_readable(where)
+    where = storage.locate(root)
+    _name_interrupted_pack(where)
+    # As train starts: a wrong endpoint, bucket or key pair in one line, not the outage wait.
+    where.check_root("tar")
     if _is_shards(where):
         return check_shards(
             where, workers=cpu_cores() if workers < 1 else workers, max_pixels=max_pixels, progress=progress
@@ -185,7 +182,7 @@ def check_dataset(
             report.bad.append((path, f"not an image file type (accepted: {' '.join(IMAGE_EXTENSIONS)})"))
     started = time.perf_counter()
     reasons = decode_all(
-        [str(p) for p in images],
+        images,
         max_pixels,
         cpu_cores() if workers < 1 else workers,
         desc=f"checking {where}",
@@ -202,10 +199,14 @@ def check_dataset(
     return report
 
 
-def _name_interrupted_pack(root: Path) -> None:
+def _name_interrupted_pack(where: Location) -> None:
     """A `data pack` into ROOT killed midway left its staging folder beside it: say so."""
     from stallfree.data.tools.pack import staging_leftovers
 
+    try:
+        root = where.folder("no pack stages beside a prefix in a store")
+    except storage.StoreError:
+        return  # a pack writes local folders only: none was interrupted in a store
     left = staging_leftovers(root)
     if left and not root.exists():
         raise DatasetError(
@@ -245,21 +246,19 @@ def summary(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _checksum_problems(root: Where) -> dict[str, str]:
+def _checksum_problems(root: Location) -> dict[str, str]:
     """{shard: why} of every shard of our manifest whose SHA-256 is not the manifest's."""
-    manifest_path = storage.join(str(root), "manifest.json")
     try:
-        manifest = json.loads(storage.read(manifest_path).decode())
+        manifest = json.loads(root.join("manifest.json").read().decode())
         shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
     except (ValueError, KeyError, TypeError):
         return {}  # samples_by_shard names what is wrong with the manifest
     problems: dict[str, str] = {}
-    present = storage.list_objects(root) if isinstance(root, str) else None
+    present = root.list_objects(shallow=True)
     for entry in shards:
         name = Path(str(entry.get("name", ""))).name
-        shard: Where = storage.join(root, name) if isinstance(root, str) else root / name
-        found = name in present if present is not None else Path(shard).is_file()
-        if found and file_sha256(shard) != entry.get("sha256"):
+        shard = root.join(name)
+        if name in present and file_sha256(shard) != entry.get("sha256"):
             problems[str(shard)] = (
                 f"{shard}: SHA-256 differs from the manifest's: not the shard that was packed "
                 "(re-pack, or restore it)"
@@ -267,7 +266,7 @@ def _checksum_problems(root: Where) -> dict[str, str]:
     return problems
 
 
-def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
+def check_shards(root: Location, *, workers: int, max_pixels: int, progress: bool) -> CheckReport:
     """Check the shards at ROOT whole, one by one: a shard that cannot be read is named and
     the others' samples are still checked; every problem names the shard (and member).
 
@@ -280,11 +279,11 @@ def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) 
 
     report = CheckReport(root=root, max_pixels=max_pixels)
     started = time.perf_counter()
-    ours = storage.exists(storage.join(str(root), tarshards.MANIFEST))
+    ours = root.join(tarshards.MANIFEST).exists()
     try:
-        classes, shards = (tarshards if ours else webdataset).samples_by_shard(str(root))
+        classes, shards = (tarshards if ours else webdataset).samples_by_shard(root)
     except (DatasetError, storage.StoreError) as exc:  # the root as a whole: no manifest, no shards
-        report.bad_shards.append((root, str(exc)))
+        report.bad_shards.append((str(root), str(exc)))
         report.unreadable_shards = 1
         report.seconds = time.perf_counter() - started
         return report
@@ -295,18 +294,17 @@ def check_shards(root: Where, *, workers: int, max_pixels: int, progress: bool) 
         report.shards += 1
         reason = str(item.error) if item.error else changed.get(str(item.shard))
         if reason is not None:
-            report.bad_shards.append((item.shard, reason))
+            report.bad_shards.append((str(item.shard), reason))
         report.unreadable_shards += item.error is not None
         paths += [f"{root}/{tail}" for tail in item.tails]
         names += [f"{item.split}/{classes[label]}" for label in item.labels]
     reasons = decode_all(paths, max_pixels, workers, desc=f"checking {root}", progress=progress)
     for path, name, reason in zip(paths, names, reasons, strict=True):
         report.per_class[name] += 1
-        where: Where = Path(path) if storage.open(path).is_local else path
         if reason is None:
-            report.good.append(where)
+            report.good.append(path)
         else:
-            report.bad.append((where, reason))
+            report.bad.append((path, reason))
             report.per_class_bad[name] += 1
     report.seconds = time.perf_counter() - started
     return report

@@ -30,14 +30,15 @@ from stallfree.data import storage
 from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.headers import read_bytes
 from stallfree.data.readers.listing import SPLITS
-from stallfree.data.readers.tarshards import FORMAT, MANIFEST, RangedFile, index_text
+from stallfree.data.readers.tarshards import FORMAT, MANIFEST, index_text
+from stallfree.data.storage import Location
 from stallfree.data.tools.staging import fresh_folder, move_into_place
 from stallfree.errors import StallfreeError
 from stallfree.recipe import DataConfig
 
 # Each shard ends with two zero blocks, padded to tar's 10 KiB record: kept free in the budget.
 _RESERVE = tarfile.RECORDSIZE
-# Objects read ahead from a store: a GET's latency, not its bytes, is what packing would wait on.
+# Files or objects read ahead: a read's latency, not its bytes, is what packing would wait on.
 _READ_AHEAD = 32
 
 
@@ -65,25 +66,18 @@ def write_index(shard: Path) -> int:
     return int(text.split(None, 2)[1])
 
 
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file (read in 1 MiB blocks) or of an s3:// object (in large ranged GETs)."""
+def file_sha256(location: Location) -> str:
+    """SHA-256 of a file or an object, read front to back in large blocks (from a store: ranged
+    GETs, one block held at a time)."""
     digest = hashlib.sha256()
-    if not storage.open(str(path)).is_local:
-        remote = RangedFile(str(path), storage.size(str(path)))
-        while block := remote.read(RangedFile.SPAN):
-            digest.update(block)
-        return digest.hexdigest()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
+    for block in location.blocks():
+        digest.update(block)
     return digest.hexdigest()
 
 
 def _contents(paths: list[str]) -> Iterator[bytes]:
-    """Each file's bytes in order; objects in a store fetched `_READ_AHEAD` at a time."""
-    if not paths or storage.open(paths[0]).is_local:
-        yield from (Path(p).read_bytes() for p in paths)
-        return
+    """Each file's or object's bytes in order, `_READ_AHEAD` read at a time: a store's GET
+    latency, not its bytes, is what packing would wait on (and a network filesystem's)."""
     with ThreadPoolExecutor(8) as pool:
         for start in range(0, len(paths), _READ_AHEAD):  # bounded: never the whole dataset in memory
             yield from pool.map(read_bytes, paths[start : start + _READ_AHEAD])
@@ -101,7 +95,8 @@ def pack_split(
         assert tar is not None
         tar.close()
         path = out / shards[-1]["name"]
-        shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=file_sha256(path))
+        sha256 = file_sha256(storage.locate(path))
+        shards[-1].update(samples=write_index(path), bytes=path.stat().st_size, sha256=sha256)
 
     contents = _contents([path for path, _ in samples])
     for i, (path, label) in enumerate(
@@ -128,8 +123,8 @@ def pack_split(
 
 
 def pack_dataset(
-    root: str | Path,
-    out: str | Path,
+    root: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     *,
     shard_bytes: int,
     seed: int = 0,
@@ -143,13 +138,8 @@ def pack_dataset(
     Everything is written into a temporary folder beside OUT and renamed into place at the
     end, so an interrupted pack leaves no shards of one run under a manifest of another.
     """
-    if not storage.open(str(out)).is_local:
-        raise PackError(
-            f"{out}: data pack writes a local folder; pack into one, then upload it whole "
-            "(e.g. `aws s3 cp --recursive OUT s3://...`) and train from that prefix"
-        )
-    dataset = resolve_dataset(DataConfig(root=str(root), file_list=file_list))
-    out = Path(out)
+    out = _out_folder(storage.locate(out))
+    dataset = resolve_dataset(DataConfig(root=str(storage.locate(root)), file_list=file_list))
     staging = _staging(out)
     try:
         manifest: dict[str, Any] = {"format": FORMAT, "classes": list(dataset.classes), "splits": {}}
@@ -174,6 +164,18 @@ def pack_dataset(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _out_folder(out: Location) -> Path:
+    """OUT as a local folder, or a PackError saying to pack into one and upload it."""
+    why = (
+        "data pack writes a local folder; pack into one, then upload it whole "
+        "(e.g. `aws s3 cp --recursive OUT s3://...`) and train from that prefix"
+    )
+    try:
+        return out.folder(why)
+    except storage.StoreError as exc:  # a store's error would point at its credentials
+        raise PackError(str(exc)) from exc
 
 
 def _staging(out: Path) -> Path:
