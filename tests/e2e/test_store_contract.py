@@ -89,9 +89,10 @@ def test_the_root_check_passes_a_folder_root_and_names_a_missing_split(root: sto
 
 def test_only_a_local_location_is_a_folder(root: storage.Location) -> None:
     if root.store.scheme:
-        with pytest.raises(storage.StoreError, match=rf"^{root}: pack writes a local folder"):
+        with pytest.raises(storage.NotAFolderError, match=rf"^{root}: pack writes a local folder") as err:
             root.folder("pack writes a local folder")
-        assert storage.file_path(str(root.join("train/a/x.bin"))) is None
+        assert not err.value.hint  # the fix is in the message, not the store's credentials
+        assert root.path is None and storage.file_path(str(root.join("train/a/x.bin"))) is None
     else:
-        assert root.folder("pack writes a local folder") == Path(str(root))
+        assert root.folder("pack writes a local folder") == Path(str(root)) == root.path
         assert storage.file_path(str(root.join("train/a/x.bin"))) == str(root.join("train/a/x.bin"))

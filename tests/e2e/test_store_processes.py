@@ -91,7 +91,7 @@ def test_a_failure_crosses_the_helper_as_its_kind(bucket: str) -> None:
     assert not wire.direct()
     with pytest.raises(storage.ObjectGoneError):
         storage.read(bucket + ".missing")
-    assert not storage.exists(bucket + ".missing")
+    assert not storage.locate(bucket + ".missing").exists()
 
 
 def test_concurrent_requests_through_the_helper(bucket: str) -> None:

@@ -79,3 +79,14 @@ def test_the_outage_budget_under_either_name(monkeypatch: pytest.MonkeyPatch) ->
     assert storage.outage_budget() == 7.0
     monkeypatch.setenv(storage.OUTAGE_ENV, "9")  # the store-neutral name wins
     assert storage.outage_budget() == 9.0
+
+
+def test_a_local_listing_names_a_dangling_link_instead_of_failing(tmp_path: Path) -> None:
+    """A dangling link under a shard root made the local listing raise FileNotFoundError:
+    it is listed (by the link's own size), and reading it names the file."""
+    (tmp_path / "a.tar").write_bytes(b"x" * 5)
+    (tmp_path / "b.tar").symlink_to(tmp_path / "gone.tar")
+    root = storage.locate(str(tmp_path))
+    assert list(root.list_objects()) == ["a.tar", "b.tar"] and root.list_objects()["a.tar"][0] == 5
+    with pytest.raises(OSError, match="b.tar"):
+        root.join("b.tar").read()

@@ -133,7 +133,7 @@ Groups = tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], dict[int, bytes]]
 def _group(shard: Location, size: int) -> Groups:
     """The shard's samples as webdataset groups them, read front to back once (in a store: in
     large ranged GETs), the `.cls` members' bytes read on the way."""
-    with shard.open() as f:
+    with shard.open(size) as f:
         return _walk(shard, f, size)
 
 

@@ -16,6 +16,7 @@ from stallfree.data.storage.failures import (
     OUTAGE_ENV,
     NoDataError,
     NoSuchObjectError,
+    NotAFolderError,
     ObjectGoneError,
     StoreError,
     StoreUnavailableError,
@@ -24,7 +25,6 @@ from stallfree.data.storage.locations import (
     MEMBER_SEP,
     MemberRef,
     base_name,
-    join,
     member_path,
     split_url,
 )
@@ -49,13 +49,13 @@ from stallfree.data.storage.stores import (
 from stallfree.data.storage.wire import enable_direct
 
 __all__ = [
-    "ATTEMPTS_ENV", "ENDPOINT_ENV", "MEMBER_SEP", "OUTAGE_ENV", "LocalFile", "LocalStore",
-    "Location", "MemberRef", "NoDataError", "NoSuchObjectError", "ObjectGoneError", "ObjectStore",
-    "RangedFile", "Store", "StoreError", "StoreUnavailableError", "attempt_timeout", "base_name",
-    "configure", "digest_of", "digest_of_listing", "enable_direct", "endpoint_used",
-    "exists", "file_path", "identity", "join", "list_dirs", "list_many", "list_objects",
-    "locate", "member_path", "outage_budget", "read", "read_range", "read_sample",
-    "retries", "size", "split_url",
+    "ATTEMPTS_ENV", "ENDPOINT_ENV", "LocalFile", "LocalStore", "Location", "MEMBER_SEP",
+    "MemberRef", "NoDataError", "NoSuchObjectError", "NotAFolderError", "OUTAGE_ENV",
+    "ObjectGoneError", "ObjectStore", "RangedFile", "Store", "StoreError",
+    "StoreUnavailableError", "attempt_timeout", "base_name", "configure", "digest_of",
+    "digest_of_listing", "enable_direct", "endpoint_used", "file_path", "list_many", "locate",
+    "member_path", "outage_budget", "read", "read_range", "read_sample", "retries", "size",
+    "split_url",
 ]  # fmt: skip
 
 
@@ -90,25 +90,6 @@ def size(location: str) -> int:
     return store.size(key)
 
 
-def exists(location: str) -> bool:
-    """Whether a file or object is at `location` (a store's other errors raise)."""
-    store, key = _store(location)
-    return store.exists(key)
-
-
-def list_objects(location: str, shallow: bool = False) -> dict[str, tuple[int, str]]:
-    """{name relative to the folder or prefix: (size, version tag)} of everything under it
-    (`shallow`: right under it only); the tag changes when the object is replaced."""
-    store, key = _store(location)
-    return store.list_objects(key, shallow)
-
-
-def list_dirs(location: str) -> list[str]:
-    """The folders (common prefixes) right under `location`, sorted."""
-    store, key = _store(location)
-    return store.list_dirs(key)
-
-
 def list_many(locations: list[Location], threads: int = 16) -> list[tuple[list[tuple[str, int]], str]]:
     """Everything under each location (class prefixes, say), `threads` listings in flight: for
     each, ([(name relative to it, size)], a digest of the names, sizes and version tags)."""
@@ -126,12 +107,6 @@ def list_many(locations: list[Location], threads: int = 16) -> list[tuple[list[t
 def digest_of(parts: list[str]) -> str:
     """One digest of several listing digests (the class prefixes of a split)."""
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def identity(location: str) -> str:
-    """A stable name for `location` (a cache's key): the real path of a file, the store's
-    endpoint and URL of an object."""
-    return locate(location).identity()
 
 
 def endpoint_used(location: Location) -> str:

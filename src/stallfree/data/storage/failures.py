@@ -57,6 +57,12 @@ class StoreUnavailableError(StoreError):
     hint = f"{OUTAGE_ENV} (or STALLFREE_S3_OUTAGE_S) sets how long to wait for it"
 
 
+class NotAFolderError(StoreError):
+    """A location in an object store where a local folder is needed (data pack's output)."""
+
+    hint = ""  # the fix is in the message: nothing about credentials
+
+
 class NoDataError(StallfreeError, ValueError):
     """A data root, or a split a root must hold, that is not there: the one start-up check's."""
 

@@ -36,7 +36,11 @@ def list_objects(path: str, shallow: bool = False) -> dict[str, tuple[int, str]]
         dirs.sort()
         rel = os.path.relpath(folder, base)
         for name in files:
-            st = os.stat(os.path.join(folder, name))
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # a dangling link: listed, and named when it is read
+                st = os.lstat(path)
             found[name if rel == "." else f"{rel}/{name}"] = (st.st_size, str(st.st_mtime_ns))
         if shallow:
             break

@@ -16,7 +16,7 @@ from typing import ClassVar, Protocol
 
 import stallfree.data.storage.local as local
 import stallfree.data.storage.objects as objects
-from stallfree.data.storage.failures import NoDataError, StoreError
+from stallfree.data.storage.failures import NoDataError, NotAFolderError
 from stallfree.data.storage.locations import scheme_of, split_url
 from stallfree.data.storage.ranged import RangedFile
 
@@ -90,8 +90,13 @@ class Store(Protocol):
         something is under each prefix."""
         ...
 
-    def open(self, key: str) -> RangedFile | LocalFile:
-        """A read-only, seekable file with `pread`, bounded in memory."""
+    def open(self, key: str, size: int | None = None) -> RangedFile | LocalFile:
+        """A read-only, seekable file with `pread`, bounded in memory (`size`, when a listing
+        gave it, spares a store the request that asks)."""
+        ...
+
+    def path(self, key: str) -> Path | None:
+        """The path of `key` on this machine's filesystem; None in an object store."""
         ...
 
     def retries(self) -> int | None:
@@ -155,8 +160,11 @@ class LocalStore:
             if not os.path.isdir(os.path.join(key, split)) and not (split == "val" and val_optional):
                 raise NoDataError(_missing_split(key, split))
 
-    def open(self, key: str) -> LocalFile:
+    def open(self, key: str, size: int | None = None) -> LocalFile:
         return LocalFile(key, "rb")
+
+    def path(self, key: str) -> Path | None:
+        return Path(key)
 
     def retries(self) -> int | None:
         return None
@@ -205,8 +213,11 @@ class ObjectStore:
         for split in FOLDER_SPLITS if fmt == "folder" else ("",):
             objects.check_readable(self.text(f"{key}/{split}".strip("/") if split else key))
 
-    def open(self, key: str) -> RangedFile:
-        return RangedFile(self.text(key), self.size(key))
+    def open(self, key: str, size: int | None = None) -> RangedFile:
+        return RangedFile(self.text(key), self.size(key) if size is None else size)
+
+    def path(self, key: str) -> Path | None:
+        return None
 
     def retries(self) -> int | None:
         from stallfree.data.storage.settings import retries
@@ -275,9 +286,14 @@ class Location:
         called alone: a few stat() calls, or a listing request a split)."""
         self.store.check_root(self.key, fmt, val_optional)
 
-    def open(self) -> RangedFile | LocalFile:
-        """A read-only, seekable file with `pread`."""
-        return self.store.open(self.key)
+    def open(self, size: int | None = None) -> RangedFile | LocalFile:
+        """A read-only, seekable file with `pread` (`size`: when a listing gave it)."""
+        return self.store.open(self.key, size)
+
+    @property
+    def path(self) -> Path | None:
+        """The path on this machine's filesystem; None for a location in an object store."""
+        return self.store.path(self.key)
 
     def blocks(self, size: int = RangedFile.SPAN) -> Iterator[bytes]:
         """The bytes front to back, `size` at a time (bounded memory: a SHA-256 of a shard)."""
@@ -286,11 +302,11 @@ class Location:
                 yield block
 
     def folder(self, why: str) -> Path:
-        """The local folder this names; a StoreError saying `why` (what needs one, and what to
-        do instead) for a location in an object store."""
-        if self.store.kind != LocalStore.kind:
-            raise StoreError(f"{self}: {why}")
-        return Path(self.key)
+        """The local folder this names; a NotAFolderError saying `why` (what needs one, and
+        what to do instead) for a location in an object store."""
+        if (path := self.path) is None:
+            raise NotAFolderError(f"{self}: {why}")
+        return path
 
 
 def digest_of_listing(location: Location, listed: dict[str, tuple[int, str]]) -> str:

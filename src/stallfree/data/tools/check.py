@@ -130,15 +130,13 @@ def _objects(root: Location) -> list[str]:
     from stallfree.data.readers.remote import class_objects, class_prefixes
 
     found: list[str] = []
-    for split, prefixes in class_prefixes(str(root)).items():
-        split_url = str(root.join(split))
+    for split, prefixes in class_prefixes(root).items():
+        split_root = root.join(split)
         classes = tuple(prefixes)
         if not classes:
-            raise DatasetError(f"{split_url}/ has no class prefixes; expected {split_url}/<class>/<image>")
-        names, _ = class_objects(split_url, classes)
-        found += [
-            storage.join(split_url, c, n) for c, files in zip(classes, names, strict=True) for n in files
-        ]
+            raise DatasetError(f"{split_root}/ has no class prefixes; expected {split_root}/<class>/<image>")
+        names, _ = class_objects(split_root, classes)
+        found += [str(split_root.join(c, n)) for c, files in zip(classes, names, strict=True) for n in files]
     return found
 
 
@@ -203,9 +201,8 @@ def _name_interrupted_pack(where: Location) -> None:
     """A `data pack` into ROOT killed midway left its staging folder beside it: say so."""
     from stallfree.data.tools.pack import staging_leftovers
 
-    try:
-        root = where.folder("no pack stages beside a prefix in a store")
-    except storage.StoreError:
+    root = where.path
+    if root is None:
         return  # a pack writes local folders only: none was interrupted in a store
     left = staging_leftovers(root)
     if left and not root.exists():

@@ -174,7 +174,7 @@ def _out_folder(out: Location) -> Path:
     )
     try:
         return out.folder(why)
-    except storage.StoreError as exc:  # a store's error would point at its credentials
+    except storage.NotAFolderError as exc:  # pack's own error, as for its other refusals
         raise PackError(str(exc)) from exc
 
 
