@@ -82,7 +82,8 @@ class StallfreeDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         """The class count `stallfree train` gives its model with this recipe: model.num_classes
         when set, else the data's (train's class folders, or the shard manifest's)."""
-        from stallfree.data.readers.folders import class_count, resolve_dataset
+        from stallfree.data.readers.factory import resolve_dataset
+        from stallfree.data.readers.folders import class_count
         from stallfree.recipe import set_key
 
         recipe = stallfree_recipe(self.recipe, self.overrides)
