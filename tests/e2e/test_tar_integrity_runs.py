@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from inprocess import Cli
 from test_tar_integrity import _pack
-
-from stallfree.cli import main
 
 
 @pytest.fixture()
@@ -19,11 +18,12 @@ def packed(image_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.e2e
-def test_data_check_on_shards_finds_a_changed_shard(packed: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 0
+def test_data_check_on_shards_finds_a_changed_shard(packed: Path, cli: Cli) -> None:
+    assert cli("data", "check", packed, "--workers", "1", "--no-progress").code == 0
     shard = packed / "val-000000.tar"
     data = bytearray(shard.read_bytes())
     data[2000] ^= 0xFF  # one byte inside an image: sizes and indexes stay right
     shard.write_bytes(bytes(data))
-    assert main(["data", "check", str(packed), "--workers", "1", "--no-progress"]) == 1
-    assert f"BAD {shard}: SHA-256 differs" in capsys.readouterr().out
+    done = cli("data", "check", packed, "--workers", "1", "--no-progress")
+    assert done.code == 1
+    assert f"BAD {shard}: SHA-256 differs" in done.out

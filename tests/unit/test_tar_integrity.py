@@ -131,16 +131,15 @@ def test_bad_keys_and_fields_in_an_index(packed: Path, edit, needle: str) -> Non
         ),
     ],
 )
-def test_a_broken_manifest_is_one_line(
-    packed: Path, edit, needle: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_broken_manifest_is_one_line(packed: Path, edit, needle: str, cli: Cli) -> None:
     (packed / "manifest.json").write_text(edit(_manifest(packed)))
     recipe = packed.parent / "r.toml"
     from stallfree.recipe import dump_toml
 
     recipe.write_text(dump_toml(small_recipe(packed, data={"format": "tar"})))
-    assert main(["train", str(recipe), "--out", str(packed.parent / "run"), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    done = cli("train", recipe, "--out", packed.parent / "run", "--no-progress")
+    assert done.code == 2
+    err = done.err
     assert needle in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
