@@ -22,10 +22,13 @@ def _process(*args: str) -> Result:
     return Result(done.returncode, done.stdout, done.stderr)
 
 
+def _unstamped(result: Result) -> Result:
+    return Result(result.code, result.out, _STAMP.sub("", result.err))
+
+
 def _both(cli: Cli, *args: str) -> tuple[Result, Result]:
     """(in this process, in a process of its own), their log lines' times taken out."""
-    here, there = cli(*args), _process(*args)
-    return tuple(Result(r.code, r.out, _STAMP.sub("", r.err)) for r in (here, there))  # type: ignore[return-value]
+    return _unstamped(cli(*args)), _unstamped(_process(*args))
 
 
 @pytest.mark.parametrize(
