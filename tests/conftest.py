@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import zygote
+from inprocess import Cli
 from pillow_corpus import pillow_images  # noqa: F401 - Pillow's test images, for two modules
 
 from stallfree.data.tools.demo import write_demo
@@ -90,6 +91,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 _ZYGOTE: list[Any] = []
 # fastpython's interpreter where no fork server answers (a unit run, another network namespace).
 os.environ.setdefault("STALLFREE_TEST_PYTHON", sys.executable)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
+    """`cli("train", recipe, ...)`: `stallfree ARGS` in this process, its Result(code, out, err);
+    what the command changed in the process is put back at the test's end (inprocess.py)."""
+    runner = Cli(capsys, monkeypatch)
+    yield runner
+    runner.restore()
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import PYTHON, build_loader, small_recipe
+from inprocess import Cli
 from PIL import Image
 from test_check import _jpeg, _odd_files, _root_with_bad_train_files
 
-from stallfree.cli import main
 from stallfree.data.tools.check import check_dataset
 from stallfree.data.tools.pack import pack_dataset
 
@@ -49,27 +49,12 @@ def test_every_odd_file_is_classified_and_the_clean_list_excludes_exactly_them(t
 
 @pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
-def test_the_clean_list_trains_under_both_loaders(
-    tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_clean_list_trains_under_both_loaders(tmp_path: Path, backend: str, cli: Cli) -> None:
     _write(tmp_path / "data")
     clean = tmp_path / "clean.txt"
-    assert (
-        main(
-            [
-                "data",
-                "check",
-                str(tmp_path / "data"),
-                "--workers",
-                "1",
-                "--no-progress",
-                "--write-list",
-                str(clean),
-            ]
-        )
-        == 1
-    )  # bad files exist: exit 1
-    out = capsys.readouterr().out
+    done = cli("data", "check", tmp_path / "data", "--workers", "1", "--no-progress", "--write-list", clean)
+    assert done.code == 1  # bad files exist: exit 1
+    out = done.out
     assert "BAD" in out and "truncated: 1" in out and "over the pixel limit: 1" in out
     recipe = small_recipe(
         tmp_path / "data",
@@ -80,7 +65,7 @@ def test_the_clean_list_trains_under_both_loaders(
     loader = build_loader(recipe, "train", device=torch.device("cpu"))
     assert sum(b.labels.numel() for b in loader) == 6  # 3 ok + cmyk, grey16, palette, good: 7 -> 3 x 2
     loader.close()
-    assert main(["data", "check", str(tmp_path / "data"), "--workers", "1", "--no-progress"]) == 1
+    assert cli("data", "check", tmp_path / "data", "--workers", "1", "--no-progress").code == 1
 
 
 @pytest.mark.e2e
@@ -124,7 +109,7 @@ def test_skip_on_dali_reads_a_checked_list_and_caches_it(
 
 @pytest.mark.e2e
 def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli: Cli
 ) -> None:
     """Issue 24 (13): `data pack` killed (SIGKILL) after its first split leaves its staging
     folder beside OUT; `data check OUT` names it, and the next `data pack` removes it."""
@@ -147,11 +132,12 @@ def test_a_killed_pack_leaves_a_staging_folder_that_check_names_and_pack_removes
     assert done.returncode == -9
     left = list(tmp_path.glob(".shards.packing-*"))
     assert len(left) == 1 and not out.exists()
-    assert main(["data", "check", str(out), "--workers", "1", "--no-progress"]) != 0
-    err = capsys.readouterr().err
+    done = cli("data", "check", out, "--workers", "1", "--no-progress")
+    assert done.code != 0
+    err = done.err
     assert left[0].name in err and "data pack" in err and "\n" not in err.strip()
     with pytest.warns(UserWarning, match=r"removed .*\.shards\.packing-.*interrupted"):
-        assert main(["data", "pack", str(root), str(out), "--no-progress"]) == 0
+        assert cli("data", "pack", root, out, "--no-progress").code == 0
     assert not list(tmp_path.glob(".shards.packing-*")) and (out / "manifest.json").is_file()
 
 
@@ -175,7 +161,7 @@ def _foreign_shards(root: Path) -> Path:
 @pytest.mark.e2e  # starts worker processes
 @pytest.mark.parametrize("kind", ["packed", "foreign"])
 def test_a_truncated_shard_is_named_once_and_the_other_shards_samples_are_checked(
-    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+    image_root: Path, tmp_path: Path, cli: Cli, kind: str
 ) -> None:
     """One truncated shard of several: it counted "0 good, 2 bad files" (the root named as
     the bad one, the shard's checksum as the other), no sample of the whole shards checked."""
@@ -193,8 +179,9 @@ def test_a_truncated_shard_is_named_once_and_the_other_shards_samples_are_checke
 
     total, lost = sum(map(samples, shards)), samples(victim)
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    assert main(["data", "check", str(root), "--workers", "1", "--no-progress"]) == 1
-    out = capsys.readouterr().out
+    done = cli("data", "check", root, "--workers", "1", "--no-progress")
+    assert done.code == 1
+    out = done.out
     assert (
         [line for line in out.splitlines() if line.startswith("BAD ")]
         == [line for line in out.splitlines() if line.startswith(f"BAD {victim}:")]  # or `::member`

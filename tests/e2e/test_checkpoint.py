@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import small_recipe, train_until_logged
+from inprocess import Cli
 
 from stallfree.errors import PREEMPTED_EXIT_CODE, RunDirError
 from stallfree.train.checkpoint import Checkpointer, CheckpointError, load_checkpoint
@@ -119,11 +119,8 @@ def test_a_file_posing_as_the_newest_checkpoint_is_named_and_skipped(
     assert path.name == "ckpt-000000001.pt" and float(state["model"]["w"][0]) == 1.0
 
 
-def test_commands_name_a_file_that_is_no_checkpoint(
-    image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_commands_name_a_file_that_is_no_checkpoint(image_root: Path, tmp_path: Path, cli: Cli) -> None:
     """predict, eval and export on a text file: exit 2 and one line naming it, no traceback."""
-    from stallfree.cli import main
     from stallfree.recipe import dump_toml
 
     junk = tmp_path / "ckpt-000000021.pt"
@@ -136,8 +133,9 @@ def test_commands_name_a_file_that_is_no_checkpoint(
         ["eval", str(recipe), "--checkpoint", str(junk)],
         ["export", str(junk), "--out", str(tmp_path / "export")],
     ):
-        assert main(argv) == 2, argv
-        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        done = cli(*argv)
+        assert done.code == 2, argv
+        errors = [line for line in done.err.splitlines() if "error:" in line]
         assert len(errors) == 1 and f"{junk} is a text file" in errors[0], (argv, errors)
 
 
@@ -225,7 +223,7 @@ def test_resume_refuses_a_different_global_batch(image_root: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) -> None:
+def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path, cli: Cli) -> None:
     # 3 epochs of 15 steps: signalled after step 3, 42 steps of margin, and a short resume.
     recipe = small_recipe(image_root, train={"epochs": 3, "batch_size": 4, "log_every": 1})
     proc, cmd, run = train_until_logged(recipe, tmp_path, records=3)
@@ -237,8 +235,9 @@ def test_sigterm_saves_exits_75_and_resumes(image_root: Path, tmp_path: Path) ->
     steps_done = state["counters"]["optimizer_steps"]
     assert 0 < steps_done < 3 * 15  # stopped mid-run, not at the end
     assert state["ranks"][0]["loader"]["position"] > 0 or steps_done % 15 == 0
-    resumed = subprocess.run(cmd + ["--resume", "auto"], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    # The resume's subject is the run, not its process: in this one.
+    resumed = cli(*cmd[cmd.index("train") :], "--resume", "auto")
+    assert resumed.code == 0, resumed.err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["optimizer_steps"] == 3 * 15
 
@@ -364,11 +363,10 @@ def test_best_checkpoint_keeps_the_best_epoch(
 
 
 def test_every_command_reads_a_run_directory_alike(
-    image_root: Path, tmp_path: Path, full_run: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+    image_root: Path, tmp_path: Path, full_run: Callable[[str], Path], cli: Cli
 ) -> None:
     """A run directory means one file for predict, eval and export (its best.pt), said on
     stderr; `checkpoints/latest` is accepted by them and by `train --resume`."""
-    from stallfree.cli import main
     from stallfree.recipe import dump_toml
 
     full = full_run("torch")
@@ -386,8 +384,9 @@ def test_every_command_reads_a_run_directory_alike(
             ["eval", str(recipe), "--checkpoint", str(target)],
             ["export", str(target), "--out", str(tmp_path / "export"), "--format", "pt2"],
         ):
-            assert main(argv) == 0, argv
-            assert str(chosen) in capsys.readouterr().err, argv
+            done = cli(*argv)
+            assert done.code == 0, argv
+            assert str(chosen) in done.err, argv
     run = tmp_path / "run"
     shutil.copytree(full, run)
     summary = train(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
 from helpers import PYTHON, small_recipe
+from inprocess import Cli
 
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
@@ -16,12 +18,9 @@ from stallfree.train.run import train
 pytestmark = pytest.mark.e2e  # every test here trains a run or starts a process
 
 
-def _eval(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict:
-    launcher = (
-        [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
-        if ranks > 1
-        else [PYTHON]
-    )
+def _eval_on_ranks(recipe_path: Path, checkpoint: Path, ranks: int, backend: str) -> dict:
+    """`stallfree eval --json` under torchrun, `ranks` processes: a subject only processes have."""
+    launcher = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--standalone"]
     result = subprocess.run(
         [
             *launcher,
@@ -59,24 +58,21 @@ def trained(image_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return recipe_path, tmp / "run"
 
 
-def _eval_here(recipe_path: Path, checkpoint: Path, backend: str, capsys: pytest.CaptureFixture[str]) -> dict:
+def _eval_here(recipe_path: Path, checkpoint: Path, backend: str, cli: Cli) -> dict:
     """`stallfree eval --json` in this process (one rank): no second torch start-up."""
-    from stallfree.cli import main
-
-    capsys.readouterr()
-    args = ["eval", str(recipe_path), "--checkpoint", str(checkpoint), "--loader", backend, "--json"]
-    assert main(args) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    done = cli("eval", recipe_path, "--checkpoint", checkpoint, "--loader", backend, "--json")
+    assert done.code == 0, done.err[-3000:]
+    return json.loads(done.out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("dali", marks=pytest.mark.dali)])
 def test_val_on_two_ranks_equals_one_rank_to_the_last_sample(
-    trained: tuple[Path, Path], backend: str, capsys: pytest.CaptureFixture[str]
+    trained: tuple[Path, Path], backend: str, cli: Cli
 ) -> None:
     recipe_path, run = trained
     checkpoint = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
-    one = _eval_here(recipe_path, checkpoint, backend, capsys)
-    two = _eval(recipe_path, checkpoint, 2, backend)
+    one = _eval_here(recipe_path, checkpoint, backend, cli)
+    two = _eval_on_ranks(recipe_path, checkpoint, 2, backend)
     assert one["samples"] == two["samples"] == 29
     assert (one["val_top1"], one["val_top5"]) == (two["val_top1"], two["val_top5"])
     assert two["world_size"] == 2
@@ -101,32 +97,19 @@ def test_sync_bn_converts_under_ddp_and_refuses_the_cpu() -> None:
     assert any(isinstance(m, nn.SyncBatchNorm) for m in synced.modules())
 
 
-def test_eval_json_carries_the_val_loss_training_logged(
-    trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_eval_json_carries_the_val_loss_training_logged(trained: tuple[Path, Path], cli: Cli) -> None:
     path, run = trained
-    result = _eval_here(path, run, "torch", capsys)
+    result = _eval_here(path, run, "torch", cli)
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     logged = [r for r in records if "val_loss" in r][-1]  # the same weights, after the last epoch
     assert result["val_loss"] == pytest.approx(logged["val_loss"], rel=1e-5)
     assert result["val_top1"] == logged["val_top1"]
 
 
-def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from stallfree.cli import main
-
-    capsys.readouterr()
-    code = main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_eval_without_a_recipe_uses_the_checkpoints_own(
-    trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_eval_without_a_recipe_uses_the_checkpoints_own(trained: tuple[Path, Path], cli: Cli) -> None:
     """The recipe is optional: the checkpoint's own (its data, file list, sizes) is the default."""
     _, run = trained
-    code, out, _ = _main(["eval", "--checkpoint", str(run), "--json"], capsys)
+    code, out, _ = astuple(cli("eval", "--checkpoint", run, "--json"))
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
     logged = [json.loads(line) for line in (run / "metrics.jsonl").open() if "val_loss" in line][-1]
@@ -148,7 +131,7 @@ def _recipe_file(path: Path, root: Path, **augment: int) -> Path:
 
 
 def test_eval_holds_a_given_recipe_to_the_checkpoint(
-    trained: tuple[Path, Path], image_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    trained: tuple[Path, Path], image_root: Path, tmp_path: Path, cli: Cli
 ) -> None:
     """Another class count, the same count under other names, another val size: one line that
     names both values, never a traceback or a silently wrong figure. Another val set of the
@@ -166,14 +149,12 @@ def test_eval_holds_a_given_recipe_to_the_checkpoint(
     }
     for name, (root, sizes, named) in cases.items():
         recipe = _recipe_file(tmp_path / f"{name}.toml", root, **sizes)
-        code, out, err = _main(["eval", str(recipe), "--checkpoint", str(run)], capsys)
+        code, out, err = astuple(cli("eval", recipe, "--checkpoint", run))
         lines = [line for line in err.splitlines() if "error" in line]
         assert code == 2 and not out and len(lines) == 1, (name, err)
         assert all(value in lines[0] for value in named) and str(recipe) in lines[0], (name, err)
 
     other = _copy_classes(image_root, tmp_path / "other", classes)
-    code, out, err = _main(
-        ["eval", str(_recipe_file(tmp_path / "o.toml", other)), "--checkpoint", str(run)], capsys
-    )
+    code, out, err = astuple(cli("eval", _recipe_file(tmp_path / "o.toml", other), "--checkpoint", run))
     assert code == 0 and "top-1" in out
     assert str(other) in err and str(image_root) in err

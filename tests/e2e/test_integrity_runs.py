@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import PYTHON, build_loader, exif_block, jpeg_with_segments, small_recipe
+from inprocess import Cli
 from PIL import Image
 from test_integrity import CPU, _root
 
-from stallfree.cli import main
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import dump_toml
 from stallfree.train.run import train
@@ -71,13 +71,12 @@ def test_skip_survives_a_micro_batch_of_only_bad_files(tmp_path: Path) -> None:
 
 @pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dangling_symlink_is_named_not_dropped(
-    tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_dangling_symlink_is_named_not_dropped(tmp_path: Path, backend: str, cli: Cli) -> None:
     root = _root(tmp_path / "data")
     os.symlink(tmp_path / "gone.jpg", root / "train" / "b" / "link.jpg")
-    assert main(["data", "check", str(root), "--workers", "1", "--no-progress"]) == 1
-    assert "link.jpg" in capsys.readouterr().out
+    done = cli("data", "check", root, "--workers", "1", "--no-progress")
+    assert done.code == 1
+    assert "link.jpg" in done.out
     recipe = small_recipe(root, loader={"backend": backend}, train={"batch_size": 2})
     with pytest.raises(BadImageError, match=r"link\.jpg"):
         build_loader(recipe, "train", device=CPU)
@@ -109,7 +108,7 @@ def test_resuming_a_finished_run_with_another_recipe_says_it_had_finished(tmp_pa
 
 
 @pytest.mark.e2e
-def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, cli: Cli) -> None:
     root = _root(tmp_path / "data")
     recipe = small_recipe(root, train={"batch_size": 2})
     train(recipe, tmp_path / "run", progress=False)
@@ -117,8 +116,9 @@ def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.Cap
     path.write_text(dump_toml(recipe))
     results = []
     for given in (tmp_path / "run", tmp_path / "run" / "checkpoints" / "latest"):
-        assert main(["eval", str(path), "--checkpoint", str(given), "--json"]) == 0
-        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+        done = cli("eval", path, "--checkpoint", given, "--json")
+        assert done.code == 0
+        results.append(json.loads(done.out.strip().splitlines()[-1]))
     # The run directory reads best.pt, `latest` the newest checkpoint: one epoch, the same weights.
     assert [r.pop("checkpoint").rsplit("/", 1)[-1] for r in results] == ["best.pt", "ckpt-000000004.pt"]
     assert results[0] == results[1] and results[0]["samples"] == 8
@@ -126,9 +126,7 @@ def test_eval_takes_a_run_directory_or_latest(tmp_path: Path, capsys: pytest.Cap
 
 @pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.dali
-def test_corrupt_entropy_data_data_check_is_the_arbiter(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_corrupt_entropy_data_data_check_is_the_arbiter(tmp_path: Path, cli: Cli) -> None:
     """2,000 bytes flipped mid-file: PIL (torch, data check) refuses the file, DALI's decoder
     decodes it into partly garbled pixels. The documented rule: `data check` decides, and its
     clean list makes both loaders train on the same files."""
@@ -147,10 +145,9 @@ def test_corrupt_entropy_data_data_check_is_the_arbiter(
         open_rgb(str(victim))
     assert first_undecodable([str(victim)]) is None  # DALI decodes it: the documented difference
     clean = tmp_path / "clean.txt"
-    assert (
-        main(["data", "check", str(root), "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 1
-    )
-    assert "2.jpg" in capsys.readouterr().out and "train/a/2.jpg" not in clean.read_text()
+    done = cli("data", "check", root, "--workers", "1", "--no-progress", "--write-list", clean)
+    assert done.code == 1
+    assert "2.jpg" in done.out and "train/a/2.jpg" not in clean.read_text()
 
 
 # Issue 24 (1, 2): files DALI's decoder cannot take (a native crash, or a stop naming no file)
@@ -181,7 +178,7 @@ _BREAKERS = {
 @pytest.mark.e2e  # starts worker or store-helper processes
 @pytest.mark.parametrize("kind", sorted(_BREAKERS))
 def test_files_dali_cannot_decode_are_refused_by_the_header_check(
-    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, kind: str, cli: Cli
 ) -> None:
     from stallfree.data.readers.imageio import check_header
 
@@ -193,10 +190,9 @@ def test_files_dali_cannot_decode_are_refused_by_the_header_check(
         check_header(str(victim))
     assert str(victim) in str(caught.value)
     clean = tmp_path / "clean.txt"
-    assert (
-        main(["data", "check", str(root), "--workers", "1", "--no-progress", "--write-list", str(clean)]) == 1
-    )
-    out = capsys.readouterr().out
+    done = cli("data", "check", root, "--workers", "1", "--no-progress", "--write-list", clean)
+    assert done.code == 1
+    out = done.out
     assert victim.name in out and _BREAKERS[kind] in out and victim.name not in clean.read_text()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from inprocess import Cli
 
 from stallfree.data import storage
 from stallfree.data.readers.headers import read_bytes
@@ -135,12 +136,10 @@ def test_an_object_gone_since_the_listing_says_so(bucket: str) -> None:
 
 
 def test_data_check_goes_to_the_endpoint_it_is_given(
-    s3_server, bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    s3_server, bucket: str, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     """`data check s3://...` could not be pointed at a recipe's endpoint: it went to AWS."""
-    from stallfree.cli import main
-
     monkeypatch.setenv("AWS_ENDPOINT_URL", "")  # set, so that the test's end restores them
     monkeypatch.setenv(storage.ENDPOINT_ENV, "")
-    main(["data", "check", f"{bucket}/empty", "--endpoint-url", s3_server.endpoint, "--no-progress"])
-    assert "s3://unit/empty: no objects under this prefix" in capsys.readouterr().err
+    done = cli("data", "check", f"{bucket}/empty", "--endpoint-url", s3_server.endpoint, "--no-progress")
+    assert "s3://unit/empty: no objects under this prefix" in done.err

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import build_loader, small_recipe
+from inprocess import Cli
 from PIL import Image
 
 from stallfree.bench.report import markdown, ratios, summarise, write_report
@@ -229,13 +230,10 @@ def test_dali_sweeps_threads_and_hardware_decoder_load() -> None:
     assert len(variants) == 4 and _variants("synthetic", config) == [(None, [])]
 
 
-def test_bench_names_come_from_the_registry_and_select_by_the_recipe(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_bench_names_come_from_the_registry_and_select_by_the_recipe(cli: Cli) -> None:
     """Every registered backend is a bench row under its own name, each row is the recipe
     override `train` would take, and the CLI's help lists these names."""
     from stallfree.bench.variants import BENCH_VARIANTS, PEERS
-    from stallfree.cli import main
     from stallfree.data.registry import BACKENDS
     from stallfree.recipe import Recipe, apply_overrides
 
@@ -243,9 +241,9 @@ def test_bench_names_come_from_the_registry_and_select_by_the_recipe(
     for name, sets in BENCH_VARIANTS.items():
         recipe = apply_overrides(Recipe(), list(sets))
         assert recipe.loader.backend in BACKENDS or ":" in recipe.loader.backend, name
-    with pytest.raises(SystemExit):
-        main(["bench", "--help"])
-    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse's wrapping
+    done = cli("bench", "--help")
+    assert done.code == 0
+    text = " ".join(done.out.split()).replace("- ", "-")  # argparse's wrapping
     assert all(name in text for name in BENCH_VARIANTS)
 
 

@@ -7,9 +7,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
-from stallfree.cli import main
+from inprocess import Cli
 
 
 def _run(path: Path, summary: dict[str, object], data: str, backend: str = "torch", loader: str = "") -> Path:
@@ -21,9 +19,7 @@ def _run(path: Path, summary: dict[str, object], data: str, backend: str = "torc
     return path
 
 
-def test_compare_names_the_data_source_and_formats_columns_alike(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_compare_names_the_data_source_and_formats_columns_alike(tmp_path: Path, cli: Cli) -> None:
     runs = [
         _run(
             tmp_path / "store",
@@ -37,8 +33,9 @@ def test_compare_names_the_data_source_and_formats_columns_alike(
         ),
         _run(tmp_path / "synth", {"images_per_s": 17.8, "wall_s": 123.0}, 'root = ""', "synthetic"),
     ]
-    assert main(["compare", *map(str, runs)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    done = cli("compare", *runs)
+    assert done.code == 0
+    lines = done.out.splitlines()
     header, rows = lines[0], lines[2:]
     assert "data" in header.split()
     assert "s3 folders" in rows[0] and "local tar" in rows[1] and "synthetic" in rows[2]
@@ -48,9 +45,7 @@ def test_compare_names_the_data_source_and_formats_columns_alike(
         assert len({len(c) for c in column if c}) == 1, rows
 
 
-def test_compare_says_whether_the_torch_loader_decoded_in_full(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_compare_says_whether_the_torch_loader_decoded_in_full(tmp_path: Path, cli: Cli) -> None:
     """The strict comparison (`loader.torch.exact_decode`) per run: on or off for a torch run (off
     for a recipe written before the key), n/a for DALI, which decodes in full either way."""
     figures = {"images_per_s": 100.0}
@@ -59,7 +54,8 @@ def test_compare_says_whether_the_torch_loader_decoded_in_full(
         _run(tmp_path / "scaled", figures, 'root = "d"'),
         _run(tmp_path / "dali", figures, 'root = "d"', "dali"),
     ]
-    assert main(["compare", *map(str, runs)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    done = cli("compare", *runs)
+    assert done.code == 0
+    lines = done.out.splitlines()
     column = lines[0].split().index("strict")
     assert [row.split()[column] for row in lines[2:]] == ["on", "off", "n/a"]

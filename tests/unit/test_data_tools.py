@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from stallfree.cli import main
+from inprocess import Cli, Result
 
 
 @pytest.fixture
@@ -22,39 +21,37 @@ def umask_022() -> Iterator[None]:
         os.umask(old)
 
 
-def _demo(out: Path, *extra: str) -> int:
-    args = ["data", "demo", str(out), "--train-per-class", "1", "--val-per-class", "1", "--no-progress"]
-    return main([*args, *extra])
+def _demo(cli: Cli, out: Path, *extra: str) -> Result:
+    return cli("data", "demo", out, "--train-per-class", "1", "--val-per-class", "1", "--no-progress", *extra)
 
 
-def test_demo_refuses_a_folder_that_is_not_its_own_demo(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_demo_refuses_a_folder_that_is_not_its_own_demo(tmp_path: Path, cli: Cli) -> None:
     """A dataset already there is never merged into: the error names the folder and the fix."""
     other = tmp_path / "mine"
     (other / "train" / "cat").mkdir(parents=True)
     (other / "train" / "cat" / "a.jpg").write_bytes(b"x")
-    assert _demo(other) == 2
-    err = capsys.readouterr().err
+    done = _demo(cli, other)
+    assert done.code == 2
+    err = done.err
     assert str(other) in err and "not empty" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in (other / "train").iterdir()) == ["cat"]  # untouched
 
 
-def test_demo_twice_is_a_no_op_and_other_settings_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_demo_twice_is_a_no_op_and_other_settings_are_refused(tmp_path: Path, cli: Cli) -> None:
     out = tmp_path / "demo"
-    assert _demo(out) == 0
+    assert _demo(cli, out).code == 0
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert _demo(out) == 0  # `make demo` again, or the README's command twice
+    assert _demo(cli, out).code == 0  # `make demo` again, or the README's command twice
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == files
-    capsys.readouterr()
-    assert _demo(out, "--seed", "3") == 2  # another demo over it would mix two
-    err = capsys.readouterr().err
+    done = _demo(cli, out, "--seed", "3")
+    assert done.code == 2  # another demo over it would mix two
+    err = done.err
     assert str(out) in err and "seed=0" in err
 
 
-def test_an_interrupted_demo_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_demo_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     """Written beside the folder, then renamed: a rerun (`make demo`) is never refused for a
     half-written demo of its own."""
     import stallfree.data.tools.demo as demo
@@ -72,10 +69,10 @@ def test_an_interrupted_demo_leaves_nothing_behind(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(demo, "draw_image", interrupted)
     out = tmp_path / "demo"
     with pytest.raises(KeyboardInterrupt):
-        _demo(out)
+        _demo(cli, out)
     assert not out.exists() and os.listdir(tmp_path) == []
     monkeypatch.setattr(demo, "draw_image", real)
-    assert _demo(out) == 0 and (out / ".complete").is_file()
+    assert _demo(cli, out).code == 0 and (out / ".complete").is_file()
 
 
 def _modes(root: Path) -> set[str]:
@@ -84,12 +81,14 @@ def _modes(root: Path) -> set[str]:
     }
 
 
-def test_pack_and_demo_output_follow_the_umask(image_root: Path, tmp_path: Path, umask_022: None) -> None:
+def test_pack_and_demo_output_follow_the_umask(
+    image_root: Path, tmp_path: Path, umask_022: None, cli: Cli
+) -> None:
     """Under umask 022 every folder is 755 and every file 644: others on a shared filesystem
     can read the shards."""
     packed = tmp_path / "packed"
-    assert main(["data", "pack", str(image_root), str(packed), "--no-progress"]) == 0
+    assert cli("data", "pack", image_root, packed, "--no-progress").code == 0
     assert _modes(packed) == {"d 755", "f 644"}
     demo = tmp_path / "demo"
-    assert _demo(demo) == 0
+    assert _demo(cli, demo).code == 0
     assert _modes(demo) == {"d 755", "f 644"}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import build_loader, exif_block, small_recipe
+from inprocess import Cli
 from PIL import Image
 
-from stallfree.cli import main
 from stallfree.data.readers.factory import resolve_dataset
 from stallfree.data.readers.imageio import BadImageError
 from stallfree.recipe import DataConfig, dump_toml
@@ -49,12 +49,13 @@ def test_an_unwritable_cache_costs_a_warning_not_the_run(
         build_loader(recipe, "train", device=CPU).close()
 
 
-def test_bench_checks_its_out_folder_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_checks_its_out_folder_first(tmp_path: Path, cli: Cli) -> None:
     (tmp_path / "afile").write_text("x")
     recipe = tmp_path / "r.toml"
     recipe.write_text(dump_toml(small_recipe(_root(tmp_path / "data"))))
-    assert main(["bench", str(recipe), "--out", str(tmp_path / "afile"), "--no-progress"]) == 2
-    assert "is a file" in capsys.readouterr().err
+    done = cli("bench", recipe, "--out", tmp_path / "afile", "--no-progress")
+    assert done.code == 2
+    assert "is a file" in done.err
 
 
 def test_bench_memory_is_pss_shared_pages_split_among_processes() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import build_loader, small_recipe
+from inprocess import Cli
 
 from stallfree.cli import main
 from stallfree.data.readers.factory import resolve_dataset
@@ -130,18 +131,46 @@ def test_bad_keys_and_fields_in_an_index(packed: Path, edit, needle: str) -> Non
         ),
     ],
 )
-def test_a_broken_manifest_is_one_line(
-    packed: Path, edit, needle: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_broken_manifest_is_one_line(packed: Path, edit, needle: str, cli: Cli) -> None:
     (packed / "manifest.json").write_text(edit(_manifest(packed)))
     recipe = packed.parent / "r.toml"
     from stallfree.recipe import dump_toml
 
     recipe.write_text(dump_toml(small_recipe(packed, data={"format": "tar"})))
-    assert main(["train", str(recipe), "--out", str(packed.parent / "run"), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    done = cli("train", recipe, "--out", packed.parent / "run", "--no-progress")
+    assert done.code == 2
+    err = done.err
     assert needle in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+def test_pack_is_all_or_nothing(
+    image_root: Path, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "afile").write_text("x")
+    done = cli("data", "pack", image_root, tmp_path / "afile", "--no-progress")
+    assert done.code == 2
+    assert "is a file" in done.err
+    full = _pack(image_root, tmp_path / "full")
+    done = cli("data", "pack", image_root, full, "--no-progress")
+    assert done.code == 2
+    assert "is not empty" in done.err
+    # Interrupted mid-pack (Ctrl-C after the train split): nothing at OUT, and no half-written
+    # folder left behind.
+    import stallfree.data.tools.pack as pack
+
+    real = pack.pack_split
+
+    def interrupted(samples: object, out: Path, split: str, *args: object, **kwargs: object) -> object:
+        if split == "val":
+            raise KeyboardInterrupt
+        return real(samples, out, split, *args, **kwargs)
+
+    monkeypatch.setattr(pack, "pack_split", interrupted)
+    out = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        pack.pack_dataset(image_root, out, shard_bytes=200000, progress=False)
+    assert not out.exists() and not list(tmp_path.glob(".killed*"))
 
 
 def _webdataset_shards(image_root: Path, out: Path) -> dict[str, list[int]]:

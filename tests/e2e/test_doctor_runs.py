@@ -4,7 +4,6 @@ and a bench run that "worked" while warning about nvjpeg."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -41,18 +40,6 @@ def _stallfree(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
         timeout=300,
         check=False,
     )
-
-
-def test_doctor_reports_every_check_in_seconds(tmp_path: Path) -> None:
-    done = _stallfree({**os.environ, "STALLFREE_CACHE": str(tmp_path / "c")}, "doctor", "--json")
-    checks = {c["check"]: c for c in json.loads(done.stdout)}
-    assert {"python", "torch", "precision auto", "dali", "/dev/shm", "cpu", "cache"} <= set(checks)
-    assert all(c["status"] in ("OK", "WARN", "FAIL") for c in checks.values())
-    if "gpu" in checks:  # this machine: no CUDA device is a warning, with the fix
-        assert checks["gpu"]["status"] == "WARN" and "no CUDA device" in checks["gpu"]["detail"]
-    assert done.returncode == (1 if any(c["status"] == "FAIL" for c in checks.values()) else 0)
-    text = _stallfree({**os.environ, "STALLFREE_CACHE": str(tmp_path / "c")}, "doctor").stdout
-    assert text.splitlines()[0].startswith("OK    python")
 
 
 def test_without_tomli_w_doctor_warns_and_training_still_writes_its_recipe(
