@@ -90,3 +90,11 @@ def test_a_local_listing_names_a_dangling_link_instead_of_failing(tmp_path: Path
     assert list(root.list_objects()) == ["a.tar", "b.tar"] and root.list_objects()["a.tar"][0] == 5
     with pytest.raises(OSError, match="b.tar"):
         root.join("b.tar").read()
+
+
+def test_a_file_given_as_the_data_root_is_named_as_a_file(tmp_path: Path) -> None:
+    """A plain file as data.root was said not to exist, which sent a user looking for a path
+    that was there."""
+    (tmp_path / "afile").write_bytes(b"x")
+    with pytest.raises(storage.NoDataError, match=r"afile is a file, not a folder"):
+        storage.locate(str(tmp_path / "afile")).check_root("folder")

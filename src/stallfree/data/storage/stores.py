@@ -153,6 +153,10 @@ class LocalStore:
         return os.path.realpath(key)
 
     def check_root(self, key: str, fmt: str, val_optional: bool = False) -> None:
+        if os.path.isfile(key):
+            raise NoDataError(
+                f"data.root {key} is a file, not a folder; point it at the folder that holds it"
+            )
         if not os.path.isdir(key):
             hint = " (run `stallfree data demo data/demo` to build the demo data)" if "demo" in key else ""
             raise NoDataError(f"data.root {key} does not exist{hint}")
