@@ -323,15 +323,15 @@ def digest_of_listing(location: Location, listed: dict[str, tuple[int, str]]) ->
     return digest.hexdigest()
 
 
-_LOCAL = LocalStore()
+LOCAL = LocalStore()  # the one filesystem: every local Location shares it
 
 
 def locate(text: str | os.PathLike[str]) -> Location:
     """Parse a path or SCHEME://BUCKET/KEY into a Location: the one place text becomes one.
     An unknown scheme, or a URL without a bucket, is a StoreError naming it."""
     if not isinstance(text, str):
-        return Location(_LOCAL, str(Path(text)))
+        return Location(LOCAL, str(Path(text)))
     if not scheme_of(text):
-        return Location(_LOCAL, str(Path(text)) if text else "")
+        return Location(LOCAL, str(Path(text)) if text else "")
     scheme, bucket, key = split_url(text)
     return Location(ObjectStore(scheme, bucket), key.strip("/"))

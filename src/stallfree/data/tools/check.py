@@ -22,6 +22,7 @@ from stallfree.data.readers.check_pool import decode_all
 from stallfree.data.readers.folders import class_files
 from stallfree.data.readers.imageio import IMAGE_EXTENSIONS, rules_id
 from stallfree.data.readers.listing import SPLITS, DatasetError
+from stallfree.data.readers.tarshards import MANIFEST
 from stallfree.data.readers.webdataset import is_shard_folder
 from stallfree.data.storage import Location
 from stallfree.data.tools.pack import file_sha256
@@ -144,7 +145,7 @@ _LISTERS = {storage.LocalStore.kind: _folder_files, storage.ObjectStore.kind: _o
 
 
 def _is_shards(root: Location) -> bool:
-    return root.join("manifest.json").exists() or is_shard_folder(root)
+    return root.join(MANIFEST).exists() or is_shard_folder(root)
 
 
 def _suffix(path: str) -> str:
@@ -246,7 +247,7 @@ def summary(report: CheckReport) -> str:
 def _checksum_problems(root: Location) -> dict[str, str]:
     """{shard: why} of every shard of our manifest whose SHA-256 is not the manifest's."""
     try:
-        manifest = json.loads(root.join("manifest.json").read().decode())
+        manifest = json.loads(root.join(MANIFEST).read().decode())
         shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
     except (ValueError, KeyError, TypeError):
         return {}  # samples_by_shard names what is wrong with the manifest
